@@ -1,0 +1,151 @@
+"""Typed service configuration loaded from TOML and validated at start-up.
+
+Every error names the file and the field. Knows nothing of what the services do with the values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from services.common.errors import ConfigError
+from services.common.tiers import TIER_NAMES
+
+ENGINES = ("torch", "tensorrt_llm")
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """One model tier: which model, on which engine, with which limits."""
+
+    name: str  # "small", "medium" or "large"
+    model_path: Path  # local Hugging Face folder; relative paths are relative to the config file
+    engine: str = "torch"  # "torch" or "tensorrt_llm"
+    device: str = "cpu"  # "cpu", "cuda", "cuda:N"
+    dtype: str = "float32"  # weights in "float32", "bfloat16" or "float16"
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = any free port (tests)
+    max_running: int = 4  # requests decoding at once
+    max_queued: int = 16  # admitted requests waiting for a slot; past it RESOURCE_EXHAUSTED
+    max_tokens: int = 256  # most tokens one request may generate
+    max_prompt_tokens: int = 512  # longest rendered prompt accepted, in tokens
+    tokens_per_chunk: int = 4  # tokens per streamed chunk after the first
+    torch_threads: int = 1  # torch intra-op threads for this process
+    drain_grace_s: float = 10.0  # on SIGTERM, how long in-flight streams may finish
+
+    def validate(self) -> None:
+        _require(self.name in TIER_NAMES, "name", f"must be one of {', '.join(TIER_NAMES)}")
+        _require(self.engine in ENGINES, "engine", f"must be one of {', '.join(ENGINES)}")
+        _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype", "unknown dtype")
+        _require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
+        for name in ("max_running", "max_tokens", "max_prompt_tokens", "torch_threads"):
+            _require(getattr(self, name) >= 1, name, "must be >= 1")
+        _require(self.max_queued >= 0, "max_queued", "must be >= 0")
+        _require(1 <= self.tokens_per_chunk <= 64, "tokens_per_chunk", "must be in [1, 64]")
+        _require(self.drain_grace_s >= 0, "drain_grace_s", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """The router: where the tiers are, its limits and its progressive defaults."""
+
+    tiers: dict[str, str] = field(
+        default_factory=lambda: {
+            "small": "127.0.0.1:50061",
+            "medium": "127.0.0.1:50062",
+            "large": "127.0.0.1:50063",
+        }
+    )  # tier name -> gRPC target ("host:port" or "xds:///tier-small")
+    host: str = "127.0.0.1"
+    port: int = 50051
+    policy: str = "interim_heuristic"  # routing policy for MODE_ROUTED
+    max_inflight: int = 256  # chats at once; past it RESOURCE_EXHAUSTED
+    default_max_tokens: int = 128  # when a request leaves max_tokens unset
+    max_tokens: int = 256  # most a request may ask for
+    max_prompt_chars: int = 8000  # longest prompt (all messages) accepted
+    draft_tier: str = "small"  # progressive: the fast tier streamed first
+    refine_tier: str = "large"  # progressive: the strong tier whose answer replaces the draft
+    refine_budget_ms: int = 30000  # progressive: refinement must finish within this or is dropped
+    drain_grace_s: float = 10.0
+
+    def validate(self) -> None:
+        for tier in self.tiers:
+            _require(tier in TIER_NAMES, "tiers", f"unknown tier {tier!r}")
+        for name in ("draft_tier", "refine_tier"):
+            _require(getattr(self, name) in self.tiers, name, "must be a configured tier")
+        _require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
+        for name in ("max_inflight", "default_max_tokens", "max_tokens", "max_prompt_chars"):
+            _require(getattr(self, name) >= 1, name, "must be >= 1")
+        _require(
+            self.default_max_tokens <= self.max_tokens, "default_max_tokens", "must be <= max_tokens"
+        )
+        _require(self.refine_budget_ms >= 1, "refine_budget_ms", "must be >= 1")
+
+
+def _require(ok: bool, name: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{name}: {message}")
+
+
+Config = TypeVar("Config", TierConfig, RouterConfig)
+
+
+def load_config(cls: type[Config], path: Path, **overrides: Any) -> Config:
+    """Reads `path` (TOML) into `cls`, applies non-None overrides, validates, and returns it."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return build_config(cls, data, base_dir=path.parent)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def build_config(cls: type[Config], data: dict[str, Any], base_dir: Path | None = None) -> Config:
+    """Builds and validates `cls` from a plain dict, checking every field's type."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
+    values: dict[str, Any] = {}
+    for name, value in data.items():
+        values[name] = _coerce(name, value, hints[name], base_dir)
+    try:
+        config = cls(**values)
+    except TypeError as e:
+        raise ConfigError(str(e)) from None
+    config.validate()
+    return config
+
+
+def _coerce(name: str, value: Any, hint: Any, base_dir: Path | None) -> Any:
+    origin = typing.get_origin(hint)
+    if hint is Path:
+        if not isinstance(value, str | Path):
+            raise ConfigError(f"{name}: expected a path string, got {value!r}")
+        path = Path(value)
+        return path if path.is_absolute() or base_dir is None else base_dir / path
+    if origin is dict:
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise ConfigError(f"{name}: expected a table of strings, got {value!r}")
+        return dict(value)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    expected = hint if not isinstance(hint, types.UnionType) else typing.get_args(hint)
+    if isinstance(value, bool) and hint is not bool:
+        raise ConfigError(f"{name}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
+    if not isinstance(value, expected):
+        raise ConfigError(f"{name}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
+    return value

@@ -1,0 +1,32 @@
+"""Every environment variable tiermesh reads, in one place, typed and documented.
+
+| variable | meaning | default |
+| --- | --- | --- |
+| TIERMESH_ROUTER | router address `tiermesh chat` and the SDK use | 127.0.0.1:50051 |
+| TIERMESH_LOG_LEVEL | log level of every service (DEBUG, INFO, WARNING, ERROR) | INFO |
+| TIERMESH_RUN_DIR | folder where `tiermesh run` writes service logs | .tiermesh |
+| TIERMESH_TORCH_THREADS | torch intra-op threads per tier process (overrides the config) | unset |
+"""
+
+from __future__ import annotations
+
+import os
+
+DEFAULT_ROUTER_ADDRESS = "127.0.0.1:50051"
+
+
+def router_address() -> str:
+    return os.environ.get("TIERMESH_ROUTER", DEFAULT_ROUTER_ADDRESS)
+
+
+def log_level() -> str:
+    return os.environ.get("TIERMESH_LOG_LEVEL", "INFO").upper()
+
+
+def run_dir() -> str:
+    return os.environ.get("TIERMESH_RUN_DIR", ".tiermesh")
+
+
+def torch_threads() -> int | None:
+    value = os.environ.get("TIERMESH_TORCH_THREADS")
+    return int(value) if value else None

@@ -1,0 +1,40 @@
+"""The errors tiermesh raises, each tied to the gRPC status a caller sees for it.
+
+    TiermeshError
+     ├── InvalidArgument   INVALID_ARGUMENT    the request is wrong; the caller must fix it
+     ├── Overloaded        RESOURCE_EXHAUSTED  recoverable: retry later or elsewhere
+     ├── Unavailable       UNAVAILABLE         recoverable: the tier is down, loading or draining
+     └── ConfigError       (start-up only)     unrecoverable: a config file or flag is wrong
+
+Knows nothing of grpc: status codes are named by string, and the servers translate them.
+"""
+
+from __future__ import annotations
+
+
+class TiermeshError(Exception):
+    """Base of every error tiermesh raises on purpose."""
+
+    status = "INTERNAL"
+
+
+class InvalidArgument(TiermeshError):
+    """The request is malformed; the message names the field and what was wrong."""
+
+    status = "INVALID_ARGUMENT"
+
+
+class Overloaded(TiermeshError):
+    """Admission refused because a bounded queue is full. Recoverable: retry later."""
+
+    status = "RESOURCE_EXHAUSTED"
+
+
+class Unavailable(TiermeshError):
+    """The service cannot take work now (loading, draining, shut down). Recoverable."""
+
+    status = "UNAVAILABLE"
+
+
+class ConfigError(TiermeshError):
+    """A configuration value is wrong; the message names the file and field. Unrecoverable."""

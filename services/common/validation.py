@@ -1,0 +1,54 @@
+"""Checks of request fields shared by the router and the tiers; each error names its field."""
+
+from __future__ import annotations
+
+from tiermesh.v1 import common_pb2
+
+from services.common.errors import InvalidArgument
+
+MAX_REQUEST_ID_CHARS = 128
+ROLES = ("system", "user", "assistant")
+
+
+def check_sampling(params: common_pb2.SamplingParams) -> None:
+    if not 0.0 <= params.temperature <= 2.0:
+        raise InvalidArgument(f"sampling.temperature: must be in [0, 2], got {params.temperature}")
+    if not 0.0 <= params.top_p <= 1.0:
+        raise InvalidArgument(f"sampling.top_p: must be in [0, 1], got {params.top_p}")
+
+
+def check_request_id(request_id: str) -> None:
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidArgument(f"request_id: longer than {MAX_REQUEST_ID_CHARS} characters")
+
+
+def check_max_tokens(value: int, limit: int) -> int:
+    if not 1 <= value <= limit:
+        raise InvalidArgument(f"max_tokens: must be in [1, {limit}], got {value}")
+    return value
+
+
+def conversation(
+    messages: list[common_pb2.ChatMessage], prompt: str, max_chars: int
+) -> list[tuple[str, str]]:
+    """The (role, content) turns of a request given as messages or as a single prompt."""
+    if not messages:
+        if not prompt:
+            raise InvalidArgument("messages: no messages and no prompt given")
+        if not prompt.strip():
+            raise InvalidArgument("prompt: must not be empty or only whitespace")
+        turns = [("user", prompt)]
+    else:
+        turns = []
+        for i, message in enumerate(messages):
+            if message.role not in ROLES:
+                raise InvalidArgument(
+                    f"messages[{i}].role: {message.role!r} is not one of {', '.join(ROLES)}"
+                )
+            turns.append((message.role, message.content))
+        if not turns[-1][1].strip():
+            raise InvalidArgument(f"messages[{len(turns) - 1}].content: must not be empty")
+    chars = sum(len(content) for _, content in turns)
+    if chars > max_chars:
+        raise InvalidArgument(f"prompt: {chars} characters exceeds the limit of {max_chars}")
+    return turns

@@ -1,0 +1,7 @@
+"""Entrypoint of the router: `python -m services.router [--config FILE]`."""
+
+import sys
+
+from services.router.server import main
+
+sys.exit(main())

@@ -1,0 +1,112 @@
+"""Runs the router: loads its config, connects to the tiers, serves RouterService, drains.
+
+The router is a light process: it speaks gRPC only and never imports torch or an engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tiermesh.v1 import router_pb2, router_pb2_grpc
+
+from services.common import env
+from services.common.config import RouterConfig, load_config
+from services.common.errors import TiermeshError
+from services.common.grpc_service import (
+    RunningServer,
+    configure_logging,
+    serve_until_signalled,
+    start_server,
+)
+from services.router.policy import create_policy
+from services.router.servicer import RouterServicer
+from services.router.tier_calls import TierChannels
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["RouterService"].full_name
+DEFAULT_CONFIG = Path(__file__).with_name("config.toml")
+
+
+@dataclass
+class RouterServer:
+    config: RouterConfig
+    servicer: RouterServicer
+    channels: TierChannels
+    running: RunningServer
+
+    @property
+    def port(self) -> int:
+        return self.running.port
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.running.port}"
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        await self.running.drain(self.config.drain_grace_s if grace_s is None else grace_s)
+        await self.channels.close()
+
+
+async def start_router(config: RouterConfig) -> RouterServer:
+    channels = TierChannels(config.tiers)
+    servicer = RouterServicer(config, channels, create_policy(config.policy))
+    running = await start_server(
+        config.host,
+        config.port,
+        lambda server: router_pb2_grpc.add_RouterServiceServicer_to_server(servicer, server),
+        [SERVICE_NAME],
+    )
+    await running.set_serving(True)
+    return RouterServer(config, servicer, channels, running)
+
+
+def parse_tier_targets(values: list[str]) -> dict[str, str] | None:
+    if not values:
+        return None
+    targets = {}
+    for value in values:
+        tier, _, target = value.partition("=")
+        if not target:
+            raise TiermeshError(f"--tier: expected NAME=TARGET, got {value!r}")
+        targets[tier] = target
+    return targets
+
+
+async def _serve(config: RouterConfig) -> None:
+    router = await start_router(config)
+    log.info("router on %s, tiers %s", router.address, config.tiers)
+    await serve_until_signalled(router.running, config.drain_grace_s, router.channels.close)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Serve the tiermesh router over gRPC.")
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="router config (TOML)")
+    parser.add_argument("--port", type=int, help="override the config's port")
+    parser.add_argument("--host", help="override the config's host")
+    parser.add_argument(
+        "--tier", action="append", default=[], help="NAME=TARGET, overrides one tier's address"
+    )
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        overrides = parse_tier_targets(args.tier)
+        config = load_config(RouterConfig, args.config, port=args.port, host=args.host)
+        if overrides:
+            config = load_config(
+                RouterConfig,
+                args.config,
+                port=args.port,
+                host=args.host,
+                tiers={**config.tiers, **overrides},
+            )
+        configure_logging("router", env.log_level())
+        asyncio.run(_serve(config))
+    except TiermeshError as e:
+        print(f"router: {e}", file=sys.stderr)
+        return 2
+    return 0

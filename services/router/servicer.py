@@ -1,0 +1,156 @@
+"""RouterService over gRPC: validates a chat, plans it (mode, tiers, policy), streams its events.
+
+Bounded: past max_inflight chats a new one gets RESOURCE_EXHAUSTED at once. A tier's error is
+relayed with the tier's own status code.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+
+import grpc
+from tiermesh.v1 import router_pb2, router_pb2_grpc, tier_pb2
+
+from services.common.config import RouterConfig
+from services.common.errors import InvalidArgument, TiermeshError
+from services.common.grpc_service import status_code
+from services.common.tiers import check_tier
+from services.common.validation import (
+    check_max_tokens,
+    check_request_id,
+    check_sampling,
+    conversation,
+)
+from services.router.chat_session import ChatPlan, ChatSession, SessionClock, UpstreamFailed
+from services.router.policy import RoutingInput, RoutingPolicy
+from services.router.tier_calls import TierChannels
+
+log = logging.getLogger(__name__)
+
+MODES = {
+    router_pb2.MODE_UNSPECIFIED: router_pb2.MODE_ROUTED,
+    router_pb2.MODE_ROUTED: router_pb2.MODE_ROUTED,
+    router_pb2.MODE_PROGRESSIVE: router_pb2.MODE_PROGRESSIVE,
+    router_pb2.MODE_PINNED: router_pb2.MODE_PINNED,
+}
+FEEDBACK_MEMORY = 10_000  # request ids remembered for Feedback
+
+
+class RouterServicer(router_pb2_grpc.RouterServiceServicer):  # type: ignore[misc]
+    def __init__(
+        self, config: RouterConfig, channels: TierChannels, policy: RoutingPolicy
+    ) -> None:
+        self._config = config
+        self._channels = channels
+        self._policy = policy
+        self.inflight = 0
+        self._recent: OrderedDict[str, float | None] = OrderedDict()  # request id -> score
+
+    def plan(self, request: router_pb2.ChatRequest) -> ChatPlan:
+        """Validates the request and decides mode and tiers; raises InvalidArgument."""
+        config = self._config
+        check_request_id(request.request_id)
+        if request.mode not in MODES:
+            raise InvalidArgument(
+                f"mode: unknown mode {request.mode} "
+                "(expected MODE_ROUTED, MODE_PROGRESSIVE or MODE_PINNED)"
+            )
+        mode = MODES[request.mode]
+        turns = conversation(list(request.messages), request.prompt, config.max_prompt_chars)
+        max_tokens = config.default_max_tokens
+        if request.HasField("max_tokens"):
+            max_tokens = check_max_tokens(request.max_tokens, config.max_tokens)
+        check_sampling(request.sampling)
+        request_id = request.request_id or uuid.uuid4().hex
+        complexity = 0.0
+        if mode == router_pb2.MODE_PINNED:
+            if not request.tier:
+                raise InvalidArgument("tier: required with MODE_PINNED")
+            tiers: tuple[str, ...] = (self._configured(request.tier, "tier"),)
+            policy, reason = "pinned", f"pinned to {request.tier}"
+        elif mode == router_pb2.MODE_PROGRESSIVE:
+            draft = self._configured(request.draft_tier or config.draft_tier, "draft_tier")
+            refine = self._configured(request.refine_tier or config.refine_tier, "refine_tier")
+            if draft == refine:
+                raise InvalidArgument(f"refine_tier: must differ from draft_tier ({draft})")
+            tiers = (draft, refine)
+            policy, reason = "progressive", f"draft from {draft}, refined by {refine}"
+        else:
+            loads = dict.fromkeys(config.tiers)
+            choice = self._policy.route(RoutingInput(tuple(turns), max_tokens), loads)
+            tiers, complexity = (choice.tier,), choice.complexity
+            policy, reason = choice.policy, choice.reason
+        generate = tier_pb2.GenerateRequest(
+            max_tokens=max_tokens,
+            sampling=request.sampling,
+            messages=[{"role": role, "content": content} for role, content in turns],
+        )
+        decision = router_pb2.RouteDecision(
+            request_id=request_id,
+            mode=mode,
+            tiers=tiers,
+            complexity=complexity,
+            policy=policy,
+            reason=reason,
+        )
+        return ChatPlan(request_id, mode, tiers, generate, decision)
+
+    def _configured(self, tier: str, field: str) -> str:
+        check_tier(tier, field)
+        if tier not in self._config.tiers:
+            raise InvalidArgument(f"{field}: tier {tier!r} is not configured on this router")
+        return tier
+
+    async def Chat(
+        self, request: router_pb2.ChatRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[router_pb2.ChatEvent]:
+        clock = SessionClock()
+        if self.inflight >= self._config.max_inflight:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"router at capacity: {self.inflight} chats in flight "
+                f"(limit {self._config.max_inflight})",
+            )
+        self.inflight += 1
+        try:
+            try:
+                plan = self.plan(request)
+            except TiermeshError as e:
+                await context.abort(status_code(e), str(e))
+            clock.route_ms = clock.ms()
+            self._remember(plan.request_id)
+            session = ChatSession(
+                plan,
+                self._channels,
+                self._config.refine_budget_ms / 1000,
+                context.time_remaining(),
+                clock,
+            )
+            try:
+                async for event in session.events():
+                    yield event
+            except UpstreamFailed as e:
+                await context.abort(e.code, e.details)
+        finally:
+            self.inflight -= 1
+
+    def _remember(self, request_id: str) -> None:
+        self._recent[request_id] = None
+        self._recent.move_to_end(request_id)
+        while len(self._recent) > FEEDBACK_MEMORY:
+            self._recent.popitem(last=False)
+
+    async def Feedback(
+        self, request: router_pb2.FeedbackRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.FeedbackResponse:
+        if not 0.0 <= request.score <= 1.0:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"score: must be in [0, 1], got {request.score}"
+            )
+        if request.request_id not in self._recent:
+            return router_pb2.FeedbackResponse(accepted=False)
+        self._recent[request.request_id] = request.score
+        return router_pb2.FeedbackResponse(accepted=True)

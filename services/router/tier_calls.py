@@ -1,0 +1,75 @@
+"""The router's side of the tiers: one channel per tier, and one streaming call per revision.
+
+Knows gRPC and the tier contract; knows nothing of revisions or routing policy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping
+
+import grpc
+from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
+
+CHANNEL_OPTIONS = [("grpc.enable_retries", 0)]
+
+
+class TierChannels:
+    """A gRPC channel and stub per configured tier (plain host:port or an xds:/// target)."""
+
+    def __init__(self, targets: Mapping[str, str]) -> None:
+        self.targets = dict(targets)
+        self._channels = {
+            tier: grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+            for tier, target in targets.items()
+        }
+        self._stubs = {
+            tier: tier_pb2_grpc.TierServiceStub(channel) for tier, channel in self._channels.items()
+        }
+
+    def stub(self, tier: str) -> tier_pb2_grpc.TierServiceStub:
+        return self._stubs[tier]
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+
+
+class TierCall:
+    """One Generate call to one tier, started at construction; read it with chunks()."""
+
+    def __init__(
+        self,
+        channels: TierChannels,
+        tier: str,
+        request: tier_pb2.GenerateRequest,
+        timeout_s: float | None,
+    ) -> None:
+        self.tier = tier
+        self.timeout_s = timeout_s
+        self.started = time.perf_counter()
+        self.call = channels.stub(tier).Generate(request, timeout=timeout_s)
+        self.text = ""
+        self.usage: common_pb2.Usage | None = None
+        self.finish_reason = ""
+        self.revision: int | None = None  # the revision it produced, once shown
+        self.cancelled = False
+
+    async def chunks(self) -> AsyncIterator[tier_pb2.GenerateChunk]:
+        """The tier's chunks; raises grpc.aio.AioRpcError with the tier's status on failure."""
+        async for chunk in self.call:
+            self.text += chunk.text
+            if chunk.finish_reason:
+                self.finish_reason = chunk.finish_reason
+                self.usage = chunk.usage
+            yield chunk
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.finish_reason)
+
+    def cancel(self) -> None:
+        """Cancels the call upstream if it is still running (the tier aborts its work)."""
+        if not self.call.done():
+            self.cancelled = True
+            self.call.cancel()

@@ -1,0 +1,77 @@
+"""Token-by-token decoding of a causal LM with a KV cache: greedy or sampled, with log-probs.
+
+Knows torch and a Hugging Face-style model (`model(input_ids, cache, use_cache)`);
+knows nothing of tokenizers, text, gRPC or asyncio. Runs on whatever device the model is on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from services.tier.engine import Sampling
+
+
+def choose_token(
+    logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
+) -> tuple[int, float]:
+    """Picks the next token from one position's logits (V,) and returns (id, log-prob).
+
+    The log-prob is the model's own (temperature 1) log-probability of the chosen token, so
+    confidence reads the same whatever the sampling settings.
+    """
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # (V,)
+    if sampling.greedy:
+        token = int(torch.argmax(logprobs).item())
+        return token, float(logprobs[token].item())
+    scores = logits.float() / sampling.temperature  # (V,)
+    if sampling.top_k > 0:
+        kth = torch.topk(scores, min(sampling.top_k, scores.shape[-1])).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if 0.0 < sampling.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=True)
+        cumulative = torch.cumsum(torch.softmax(sorted_scores, dim=-1), dim=-1)
+        drop = cumulative - torch.softmax(sorted_scores, dim=-1) > sampling.top_p
+        scores = scores.scatter(0, order, sorted_scores.masked_fill(drop, float("-inf")))
+    probs = torch.softmax(scores, dim=-1)
+    token = int(torch.multinomial(probs, 1, generator=generator).item())
+    return token, float(logprobs[token].item())
+
+
+def decode_tokens(
+    model: Any,
+    prompt_ids: list[int],
+    *,
+    max_new_tokens: int,
+    sampling: Sampling,
+    eos_token_ids: frozenset[int],
+    should_stop: Callable[[], bool] = lambda: False,
+) -> Iterator[tuple[int, float]]:
+    """Yields (token_id, log-prob) for up to max_new_tokens new tokens after prompt_ids.
+
+    Steps: one prefill forward over the whole prompt, then one forward per new token that feeds
+    only that token and reuses the KV cache. Stops after an end-of-sequence token (which is
+    yielded), after max_new_tokens, or as soon as should_stop() returns True (checked before
+    every forward, so an abort costs at most one step).
+    """
+    if not prompt_ids:
+        raise ValueError("prompt_ids must not be empty")
+    device = next(model.parameters()).device
+    generator: torch.Generator | None = None
+    if not sampling.greedy and sampling.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(sampling.seed)
+    with torch.inference_mode():
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, T)
+        cache: Any = None  # the model's KV cache, grown by one position per step
+        for _ in range(max_new_tokens):
+            if should_stop():
+                return
+            out = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+            cache = out.cache
+            token, logprob = choose_token(out.logits[0, -1], sampling, generator)  # logits (V,)
+            yield token, logprob
+            if token in eos_token_ids:
+                return
+            input_ids = torch.tensor([[token]], dtype=torch.long, device=device)  # (1, 1)

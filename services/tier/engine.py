@@ -1,0 +1,117 @@
+"""The engine interface a tier serves from, and the plain types that cross it.
+
+An engine turns a prompt into a stream of token chunks. It knows nothing of gRPC: the tier
+servicer translates. Implementations: `torch_engine.TorchEngine` (CPU or CUDA) and
+`tensorrt_llm_engine.TensorRtLlmEngine` (NVIDIA GPUs), chosen by `factory.create_engine`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen. The defaults mean greedy decoding."""
+
+    temperature: float = 0.0  # 0 = argmax; otherwise softmax(logits / temperature), range (0, 2]
+    top_p: float = 1.0  # nucleus mass kept, range (0, 1]; 1 = off
+    top_k: int = 0  # keep the k most likely tokens; 0 = off
+    seed: int | None = None  # seeds the sampler for reproducible output; None = unseeded
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One completion to produce. Already validated against the tier's limits by the caller."""
+
+    request_id: str
+    max_tokens: int  # >= 1
+    prompt: str = ""  # raw prompt, used when messages is empty
+    messages: tuple[tuple[str, str], ...] = ()  # (role, content), rendered by the chat template
+    sampling: Sampling = field(default_factory=Sampling)
+    tokens_per_chunk: int = 0  # 0 = the engine's default
+
+
+@dataclass(frozen=True)
+class GenerationUsage:
+    prompt_tokens: int
+    completion_tokens: int
+    queue_ms: float  # waiting for a running slot
+    ttft_ms: float  # from generate() being called to the first token
+    total_ms: float  # from generate() being called to the last token
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    """Tokens produced since the previous chunk. The last chunk has finish_reason and usage."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    logprobs: tuple[float, ...]  # natural-log probability of each token, same order
+    finish_reason: str | None = None  # "stop" or "length", on the last chunk only
+    usage: GenerationUsage | None = None
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """A snapshot of the engine's load and capacity (the signal routers read)."""
+
+    model: str
+    device: str
+    serving: bool
+    running: int
+    max_running: int
+    queued: int
+    max_queued: int
+    ttft_ms_p50: float
+    ttft_ms_p99: float
+    kv_pool_capacity_tokens: int
+    kv_pool_used_tokens: int
+    kv_pool_peak_tokens: int
+    weights_bytes: int
+    kv_pool_bytes: int
+    completed: int
+    rejected: int
+    params: int
+    max_prompt_tokens: int
+    max_tokens: int
+
+
+class Engine(Protocol):
+    """What the tier servicer needs from an engine.
+
+    All methods are called from the tier's event loop. generate() may be consumed by many tasks
+    at once; closing its iterator early (the client left) must abort the request's work.
+    """
+
+    name: str  # "torch" or "tensorrt_llm"
+
+    async def start(self) -> None:
+        """Loads the model. Raises on failure; the tier stays NOT_SERVING."""
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """Streams the completion of one request.
+
+        Raises InvalidArgument (prompt too long), Overloaded (admission queue full) or
+        Unavailable (not started, or shutting down) before the first chunk.
+        """
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Stops a request's generation; its stream ends. Unknown ids are ignored."""
+
+    def load(self) -> EngineLoad:
+        """The current load snapshot. Cheap; safe to call often."""
+        ...
+
+    def check_health(self) -> None:
+        """Raises Unavailable if the engine cannot serve."""
+
+    async def shutdown(self) -> None:
+        """Aborts what is running and frees the model."""

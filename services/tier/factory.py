@@ -1,0 +1,16 @@
+"""Chooses and builds a tier's engine from its config; engines are imported lazily."""
+
+from __future__ import annotations
+
+from services.common.config import TierConfig
+from services.common.errors import ConfigError
+from services.tier.engine import Engine
+
+
+def create_engine(config: TierConfig) -> Engine:
+    """The engine named by config.engine. Raises ConfigError if it cannot be used here."""
+    if config.engine == "torch":
+        from services.tier.torch_engine import TorchEngine
+
+        return TorchEngine(config)
+    raise ConfigError(f"engine: {config.engine!r} is not available in this build")

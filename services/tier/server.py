@@ -1,0 +1,108 @@
+"""Runs one tier: loads its config, starts the gRPC server, loads the model, serves, drains.
+
+Every tier deployable (services/tier_small, ...) is this module plus its own config file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tiermesh.v1 import tier_pb2, tier_pb2_grpc
+
+from services.common import env
+from services.common.config import TierConfig, load_config
+from services.common.errors import TiermeshError
+from services.common.grpc_service import (
+    RunningServer,
+    configure_logging,
+    serve_until_signalled,
+    start_server,
+)
+from services.tier.engine import Engine
+from services.tier.factory import create_engine
+from services.tier.servicer import TierServicer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = tier_pb2.DESCRIPTOR.services_by_name["TierService"].full_name
+
+
+@dataclass
+class TierServer:
+    """A running tier: its server, engine and config."""
+
+    config: TierConfig
+    engine: Engine
+    running: RunningServer
+
+    @property
+    def port(self) -> int:
+        return self.running.port
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.running.port}"
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        await self.running.drain(self.config.drain_grace_s if grace_s is None else grace_s)
+        await self.engine.shutdown()
+
+
+async def start_tier(config: TierConfig) -> TierServer:
+    """Starts the server (NOT_SERVING), loads the model, then reports SERVING."""
+    engine = create_engine(config)
+    servicer = TierServicer(config.name, engine, config.max_tokens)
+    running = await start_server(
+        config.host,
+        config.port,
+        lambda server: tier_pb2_grpc.add_TierServiceServicer_to_server(servicer, server),
+        [SERVICE_NAME],
+    )
+    try:
+        await engine.start()
+    except BaseException:
+        await running.server.stop(0)
+        raise
+    await running.set_serving(True)
+    return TierServer(config, engine, running)
+
+
+def parse_args(argv: list[str], default_config: Path) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Serve one tiermesh model tier over gRPC.")
+    parser.add_argument("--config", type=Path, default=default_config, help="tier config (TOML)")
+    parser.add_argument("--port", type=int, help="override the config's port")
+    parser.add_argument("--host", help="override the config's host")
+    parser.add_argument("--model", type=Path, help="override the config's model_path")
+    parser.add_argument("--device", help="override the config's device (cpu, cuda, cuda:N)")
+    return parser.parse_args(argv)
+
+
+async def _serve(config: TierConfig) -> None:
+    tier = await start_tier(config)
+    log.info("tier %s serving %s on %s", config.name, config.model_path, tier.address)
+    await serve_until_signalled(tier.running, config.drain_grace_s, tier.engine.shutdown)
+
+
+def main(default_config: Path, argv: list[str] | None = None) -> int:
+    """Entrypoint shared by the tier deployables; `default_config` is the tier's own file."""
+    args = parse_args(sys.argv[1:] if argv is None else argv, default_config)
+    try:
+        config = load_config(
+            TierConfig, args.config, port=args.port, host=args.host, device=args.device
+        )
+        if args.model is not None:
+            config = replace(config, model_path=args.model)
+        threads = env.torch_threads()
+        if threads is not None:
+            config = replace(config, torch_threads=threads)
+        configure_logging(f"tier-{config.name}", env.log_level())
+        asyncio.run(_serve(config))
+    except TiermeshError as e:
+        print(f"tier: {e}", file=sys.stderr)
+        return 2
+    return 0

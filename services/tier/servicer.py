@@ -1,0 +1,137 @@
+"""TierService over gRPC: validates requests, relays an engine's chunks, reports its load.
+
+The only module of the tier that speaks gRPC and protobuf; the engine sees plain types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
+
+from services.common.errors import InvalidArgument, TiermeshError
+from services.common.grpc_service import status_code
+from services.common.validation import check_max_tokens, check_request_id, check_sampling
+from services.tier.engine import Engine, GenerationRequest, GenerationUsage, Sampling
+
+log = logging.getLogger(__name__)
+
+
+def sampling_from_proto(params: common_pb2.SamplingParams) -> Sampling:
+    """Validated sampling settings; raises InvalidArgument naming the bad field."""
+    check_sampling(params)
+    return Sampling(
+        temperature=params.temperature,
+        top_p=params.top_p if params.top_p > 0 else 1.0,
+        top_k=params.top_k,
+        seed=params.seed or None,
+    )
+
+
+def usage_to_proto(usage: GenerationUsage) -> common_pb2.Usage:
+    return common_pb2.Usage(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        queue_ms=usage.queue_ms,
+        ttft_ms=usage.ttft_ms,
+        total_ms=usage.total_ms,
+    )
+
+
+class TierServicer(tier_pb2_grpc.TierServiceServicer):  # type: ignore[misc]
+    def __init__(self, tier: str, engine: Engine, max_tokens: int) -> None:
+        self._tier = tier
+        self._engine = engine
+        self._max_tokens = max_tokens
+
+    def _request(self, request: tier_pb2.GenerateRequest) -> GenerationRequest:
+        if not request.request_id:
+            raise InvalidArgument("request_id: required")
+        check_request_id(request.request_id)
+        messages = tuple((m.role, m.content) for m in request.messages)
+        if not messages and not request.prompt:
+            raise InvalidArgument("prompt: empty, and no messages given")
+        if messages and not any(content.strip() for _, content in messages):
+            raise InvalidArgument("messages: every message is empty")
+        check_max_tokens(request.max_tokens, self._max_tokens)
+        if request.tokens_per_chunk > 64:
+            raise InvalidArgument(
+                f"tokens_per_chunk: must be in [0, 64], got {request.tokens_per_chunk}"
+            )
+        return GenerationRequest(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            messages=messages,
+            max_tokens=request.max_tokens,
+            sampling=sampling_from_proto(request.sampling),
+            tokens_per_chunk=request.tokens_per_chunk,
+        )
+
+    async def Generate(
+        self, request: tier_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[tier_pb2.GenerateChunk]:
+        try:
+            generation = self._request(request)
+            stream = self._engine.generate(generation)
+            async with contextlib.aclosing(stream):  # type: ignore[type-var]
+                async for chunk in stream:
+                    yield tier_pb2.GenerateChunk(
+                        token_ids=chunk.token_ids,
+                        text=chunk.text,
+                        logprobs=chunk.logprobs,
+                        finish_reason=chunk.finish_reason or "",
+                        usage=usage_to_proto(chunk.usage) if chunk.usage else None,
+                    )
+        except TiermeshError as e:
+            await context.abort(status_code(e), str(e))
+        except asyncio.CancelledError:
+            await self._engine.abort(request.request_id)
+            raise
+
+    def _status(self) -> tier_pb2.TierStatus:
+        load = self._engine.load()
+        return tier_pb2.TierStatus(
+            tier=self._tier,
+            model=load.model,
+            engine=self._engine.name,
+            device=load.device,
+            serving=load.serving,
+            running=load.running,
+            max_running=load.max_running,
+            queued=load.queued,
+            max_queued=load.max_queued,
+            recent_ttft_ms_p50=load.ttft_ms_p50,
+            recent_ttft_ms_p99=load.ttft_ms_p99,
+            kv_pool_capacity_tokens=load.kv_pool_capacity_tokens,
+            kv_pool_used_tokens=load.kv_pool_used_tokens,
+            kv_pool_peak_tokens=load.kv_pool_peak_tokens,
+            weights_bytes=load.weights_bytes,
+            kv_pool_bytes=load.kv_pool_bytes,
+            completed=load.completed,
+            rejected=load.rejected,
+            max_tokens=load.max_tokens,
+            max_prompt_tokens=load.max_prompt_tokens,
+            params=load.params,
+        )
+
+    async def GetStatus(
+        self, request: tier_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
+    ) -> tier_pb2.TierStatus:
+        return self._status()
+
+    async def WatchLoad(
+        self, request: tier_pb2.WatchLoadRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[tier_pb2.TierStatus]:
+        interval_ms = request.interval_ms or 1000
+        if not 50 <= interval_ms <= 60000:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"interval_ms: must be in [50, 60000], got {interval_ms}",
+            )
+        while True:
+            yield self._status()
+            await asyncio.sleep(interval_ms / 1000)

@@ -1,0 +1,236 @@
+"""The torch engine: a local Hugging Face causal LM on CPU or CUDA, streamed token by token.
+
+Each running request decodes on its own worker thread with its own KV cache (see decode.py);
+admission bounds how many run and how many wait. Knows nothing of gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from services.common.config import TierConfig
+from services.common.errors import InvalidArgument, Unavailable
+from services.tier.admission import Admission
+from services.tier.decode import decode_tokens
+from services.tier.engine import EngineLoad, GenerationChunk, GenerationRequest, GenerationUsage
+from services.tier.model_loading import (
+    IncrementalDetokenizer,
+    LoadedModel,
+    encode_prompt,
+    load_causal_lm,
+    render_prompt,
+)
+
+_END = object()
+
+
+class TorchEngine:
+    name = "torch"
+
+    def __init__(self, config: TierConfig) -> None:
+        self._config = config
+        self._loaded: LoadedModel | None = None
+        self._admission = Admission(config.max_running, config.max_queued)
+        self._executor: ThreadPoolExecutor | None = None
+        self._stops: dict[str, threading.Event] = {}
+        self._kv_used: dict[str, int] = {}
+        self._kv_peak = 0
+        self._ttfts: deque[float] = deque(maxlen=256)
+        self._completed = 0
+        self._closing = False
+
+    async def start(self) -> None:
+        torch.set_num_threads(self._config.torch_threads)
+        cfg = self._config
+        self._loaded = await asyncio.to_thread(
+            load_causal_lm, cfg.model_path, cfg.device, cfg.dtype
+        )
+        self._executor = ThreadPoolExecutor(
+            max_workers=cfg.max_running, thread_name_prefix=f"decode-{cfg.name}"
+        )
+
+    def check_health(self) -> None:
+        if self._loaded is None:
+            raise Unavailable(f"tier {self._config.name}: model not loaded")
+        if self._closing:
+            raise Unavailable(f"tier {self._config.name}: shutting down")
+
+    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        assert self._loaded is not None
+        tokenizer = self._loaded.tokenizer
+        if request.messages:
+            text = render_prompt(tokenizer, list(request.messages))
+        else:
+            text = request.prompt
+        ids = encode_prompt(tokenizer, text)
+        limit = min(self._config.max_prompt_tokens, self._loaded.context_length - 1)
+        if not ids:
+            raise InvalidArgument("prompt: renders to zero tokens")
+        if len(ids) > limit:
+            raise InvalidArgument(
+                f"prompt: {len(ids)} tokens exceeds this tier's limit of {limit} tokens"
+            )
+        if len(ids) + request.max_tokens > self._loaded.context_length:
+            raise InvalidArgument(
+                f"max_tokens: prompt of {len(ids)} tokens + max_tokens {request.max_tokens} "
+                f"exceeds the model's context of {self._loaded.context_length} tokens"
+            )
+        return ids
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """Steps: validate the prompt length, wait for a running slot (bounded), decode on a
+        worker thread, relay its chunks; on early close, stop the worker within one step."""
+        received = time.perf_counter()
+        self.check_health()
+        prompt_ids = self._prompt_ids(request)
+        async with self._admission.slot():
+            self.check_health()
+            queue_ms = (time.perf_counter() - received) * 1000
+            loop = asyncio.get_running_loop()
+            chunks: asyncio.Queue[Any] = asyncio.Queue()  # at most max_tokens items + 1
+            stop = threading.Event()
+            self._stops[request.request_id] = stop
+
+            def emit(item: Any) -> None:
+                loop.call_soon_threadsafe(chunks.put_nowait, item)
+
+            assert self._executor is not None
+            worker = loop.run_in_executor(
+                self._executor, self._decode_worker, request, prompt_ids, stop, emit
+            )
+            first_token_ms: float | None = None
+            completion_tokens = 0
+            try:
+                while True:
+                    item = await chunks.get()
+                    if item is _END:
+                        break
+                    if isinstance(item, BaseException):
+                        raise item
+                    token_ids, text, logprobs, finish = item
+                    completion_tokens += len(token_ids)
+                    self._kv_note(request.request_id, len(prompt_ids) + completion_tokens)
+                    if first_token_ms is None and token_ids:
+                        first_token_ms = (time.perf_counter() - received) * 1000
+                        self._ttfts.append(first_token_ms)
+                    usage = None
+                    if finish is not None:
+                        self._completed += 1
+                        usage = GenerationUsage(
+                            prompt_tokens=len(prompt_ids),
+                            completion_tokens=completion_tokens,
+                            queue_ms=queue_ms,
+                            ttft_ms=first_token_ms or 0.0,
+                            total_ms=(time.perf_counter() - received) * 1000,
+                        )
+                    yield GenerationChunk(tuple(token_ids), text, tuple(logprobs), finish, usage)
+            finally:
+                stop.set()
+                self._stops.pop(request.request_id, None)
+                self._kv_used.pop(request.request_id, None)
+                if worker.done() and not worker.cancelled():
+                    worker.exception()  # consume, so a worker error is never logged as lost
+
+    def _decode_worker(
+        self,
+        request: GenerationRequest,
+        prompt_ids: list[int],
+        stop: threading.Event,
+        emit: Callable[[Any], None],
+    ) -> None:
+        """Runs on a worker thread: decodes and emits (ids, text, logprobs, finish) tuples."""
+        try:
+            assert self._loaded is not None
+            loaded = self._loaded
+            per_chunk = request.tokens_per_chunk or self._config.tokens_per_chunk
+            detok = IncrementalDetokenizer(loaded.tokenizer)
+            ids: list[int] = []
+            logprobs: list[float] = []
+            sent_first = False
+            last = -1
+            count = 0
+            for token, logprob in decode_tokens(
+                loaded.model,
+                prompt_ids,
+                max_new_tokens=request.max_tokens,
+                sampling=request.sampling,
+                eos_token_ids=loaded.eos_token_ids,
+                should_stop=stop.is_set,
+            ):
+                ids.append(token)
+                logprobs.append(logprob)
+                last = token
+                count += 1
+                done = token in loaded.eos_token_ids or count >= request.max_tokens
+                if not done and (not sent_first or len(ids) >= per_chunk):
+                    emit((ids, detok.add(ids), logprobs, None))
+                    ids, logprobs, sent_first = [], [], True
+            if stop.is_set():
+                emit(_END)
+                return
+            finish = "stop" if last in loaded.eos_token_ids else "length"
+            emit((ids, detok.add(ids, final=True), logprobs, finish))
+            emit(_END)
+        except BaseException as e:  # relayed to the consumer, which raises it
+            emit(e)
+
+    def _kv_note(self, request_id: str, positions: int) -> None:
+        self._kv_used[request_id] = positions
+        self._kv_peak = max(self._kv_peak, sum(self._kv_used.values()))
+
+    async def abort(self, request_id: str) -> None:
+        stop = self._stops.get(request_id)
+        if stop is not None:
+            stop.set()
+
+    def load(self) -> EngineLoad:
+        loaded = self._loaded
+        ttfts = sorted(self._ttfts)
+        context = loaded.context_length if loaded else 0
+        capacity = self._config.max_running * context
+        return EngineLoad(
+            model=loaded.name if loaded else self._config.model_path.name,
+            device=self._config.device,
+            serving=loaded is not None and not self._closing,
+            running=self._admission.running,
+            max_running=self._config.max_running,
+            queued=self._admission.queued,
+            max_queued=self._config.max_queued,
+            ttft_ms_p50=statistics.median(ttfts) if ttfts else 0.0,
+            ttft_ms_p99=ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))] if ttfts else 0.0,
+            kv_pool_capacity_tokens=capacity,
+            kv_pool_used_tokens=sum(self._kv_used.values()),
+            kv_pool_peak_tokens=self._kv_peak,
+            weights_bytes=loaded.weights_bytes if loaded else 0,
+            kv_pool_bytes=capacity * _kv_bytes_per_token(loaded) if loaded else 0,
+            completed=self._completed,
+            rejected=self._admission.rejected,
+            params=loaded.params if loaded else 0,
+            max_prompt_tokens=self._config.max_prompt_tokens,
+            max_tokens=self._config.max_tokens,
+        )
+
+    async def shutdown(self) -> None:
+        self._closing = True
+        for stop in self._stops.values():
+            stop.set()
+        if self._executor is not None:
+            await asyncio.to_thread(self._executor.shutdown, wait=True)
+
+
+def _kv_bytes_per_token(loaded: LoadedModel) -> int:
+    """Bytes of keys and values one token position takes across all layers."""
+    config = loaded.model.config
+    layers = int(getattr(config, "n_layer", getattr(config, "num_hidden_layers", 0)))
+    width = int(getattr(config, "n_embd", getattr(config, "hidden_size", 0)))
+    element = next(loaded.model.parameters()).element_size()
+    return 2 * layers * width * element

@@ -1,0 +1,85 @@
+"""Starts a real mesh in-process for tests: three torch tiers and a router, all on port 0."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from tiermesh.v1 import tier_pb2, tier_pb2_grpc
+
+from services.common.config import RouterConfig, TierConfig, build_config
+from services.common.tiers import TIER_NAMES
+from services.router.server import RouterServer, start_router
+from services.tier.server import TierServer, start_tier
+
+
+@dataclass
+class Mesh:
+    tiers: dict[str, TierServer]
+    router: RouterServer
+    channels: list[grpc.aio.Channel] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return self.router.address
+
+    async def tier_status(self, tier: str) -> tier_pb2.TierStatus:
+        channel = grpc.aio.insecure_channel(self.tiers[tier].address)
+        self.channels.append(channel)
+        return await tier_pb2_grpc.TierServiceStub(channel).GetStatus(tier_pb2.GetStatusRequest())
+
+    async def wait_idle(self, tier: str, timeout_s: float = 10.0) -> tier_pb2.TierStatus:
+        """Polls the tier until nothing runs or waits on it; returns that status."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            status = await self.tier_status(tier)
+            if status.running == 0 and status.queued == 0:
+                return status
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"tier {tier} still busy: {status}")
+            await asyncio.sleep(0.02)
+
+    async def stop(self) -> None:
+        for channel in self.channels:
+            await channel.close()
+        await self.router.stop(0)
+        for tier in self.tiers.values():
+            await tier.stop(0)
+
+
+async def start_mesh(
+    model_dir: Path,
+    *,
+    tiers: tuple[str, ...] = TIER_NAMES,
+    down: tuple[str, ...] = (),
+    models: dict[str, Path] | None = None,
+    tier_options: dict[str, Any] | None = None,
+    router_options: dict[str, Any] | None = None,
+) -> Mesh:
+    """Tiers in `tiers` run on `model_dir` (or on `models[tier]`); tiers in `down` point the
+    router at a port nothing listens on."""
+    servers: dict[str, TierServer] = {}
+    for name in tiers:
+        path = (models or {}).get(name, model_dir)
+        options = {"name": name, "model_path": str(path), **(tier_options or {})}
+        servers[name] = await start_tier(build_config(TierConfig, options))
+    targets = {name: server.address for name, server in servers.items()}
+    for name in down:
+        targets[name] = f"127.0.0.1:{_closed_port()}"
+    router_config = build_config(
+        RouterConfig, {"port": 0, "tiers": targets, **(router_options or {})}
+    )
+    router = await start_router(router_config)
+    return Mesh(servers, router)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port

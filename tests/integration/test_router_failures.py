@@ -1,0 +1,161 @@
+"""Failure paths through a real router and real tiers: cancel, deadline, bad input, overload."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+from tiermesh.v1 import router_pb2, router_pb2_grpc
+
+from services.router.sdk import AsyncRouterClient, ChatError, DeltaEvent, FinalEvent
+from tests.integration.mesh import start_mesh
+
+PROMPT = "What is your return policy?"
+LONG = {"max_tokens": 400}  # router limit for the long streams these tests hold open
+
+
+async def test_client_leaving_cancels_every_upstream_call(tiny_model_dir: Path) -> None:
+    mesh = await start_mesh(tiny_model_dir, tier_options={"max_tokens": 400}, router_options=LONG)
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            stream = client.chat_stream(PROMPT, mode="progressive", max_tokens=400)
+            async for event in stream:
+                if isinstance(event, DeltaEvent):
+                    break
+            await stream.aclose()
+        for tier in ("small", "large"):
+            status = await mesh.wait_idle(tier)
+            assert status.completed == 0, f"{tier} finished instead of being cancelled"
+        assert mesh.router.servicer.inflight == 0
+    finally:
+        await mesh.stop()
+
+
+async def test_deadline_is_exceeded_and_tiers_stop(tiny_model_dir: Path) -> None:
+    mesh = await start_mesh(tiny_model_dir, tier_options={"max_tokens": 400}, router_options=LONG)
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            with pytest.raises(ChatError) as caught:
+                await client.chat(PROMPT, mode="progressive", max_tokens=400, timeout=0.05)
+        assert caught.value.code == "DEADLINE_EXCEEDED"
+        for tier in ("small", "large"):
+            await mesh.wait_idle(tier)
+    finally:
+        await mesh.stop()
+
+
+BAD_REQUESTS = [
+    ({}, "messages"),
+    ({"prompt": "   "}, "prompt"),
+    ({"prompt": PROMPT, "max_tokens": 0}, "max_tokens"),
+    ({"prompt": PROMPT, "max_tokens": 100_000}, "max_tokens"),
+    ({"prompt": PROMPT, "mode": router_pb2.MODE_PINNED, "tier": "huge"}, "tier"),
+    ({"prompt": PROMPT, "mode": router_pb2.MODE_PINNED}, "tier"),
+    ({"prompt": PROMPT, "mode": 7}, "mode"),
+    ({"prompt": "x" * 9000}, "prompt"),
+    ({"prompt": PROMPT, "sampling": {"temperature": 5.0}}, "sampling.temperature"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+    ({"prompt": PROMPT, "request_id": "r" * 200}, "request_id"),
+]
+
+
+async def test_bad_input_is_invalid_argument_naming_the_field(tiny_model_dir: Path) -> None:
+    mesh = await start_mesh(tiny_model_dir)
+    try:
+        async with grpc.aio.insecure_channel(mesh.address) as channel:
+            stub = router_pb2_grpc.RouterServiceStub(channel)
+            for fields, field in BAD_REQUESTS:
+                call = stub.Chat(router_pb2.ChatRequest(**fields), timeout=10)
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    async for _ in call:
+                        pass
+                assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, fields
+                assert caught.value.details().startswith(field + ":"), caught.value.details()
+    finally:
+        await mesh.stop()
+
+
+async def test_prompt_over_the_tier_token_limit_keeps_the_tier_code(tiny_model_dir: Path) -> None:
+    mesh = await start_mesh(tiny_model_dir, tier_options={"max_prompt_tokens": 16})
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            with pytest.raises(ChatError) as caught:
+                await client.chat(PROMPT * 10, mode="pinned", tier="small", max_tokens=4)
+        assert caught.value.code == "INVALID_ARGUMENT"
+        assert "prompt:" in caught.value.message and "limit of 16 tokens" in caught.value.message
+    finally:
+        await mesh.stop()
+
+
+async def _hold_one_stream(client: AsyncRouterClient, ready: asyncio.Event, **options: object):
+    async for event in client.chat_stream(PROMPT, **options):  # type: ignore[arg-type]
+        if isinstance(event, DeltaEvent):
+            ready.set()
+        if isinstance(event, FinalEvent):
+            return event
+    return None
+
+
+async def test_tier_overload_is_resource_exhausted_not_a_hang(tiny_model_dir: Path) -> None:
+    mesh = await start_mesh(
+        tiny_model_dir,
+        tier_options={"max_running": 1, "max_queued": 0, "max_tokens": 400},
+        router_options=LONG,
+    )
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            ready = asyncio.Event()
+            holder = asyncio.create_task(
+                _hold_one_stream(client, ready, mode="pinned", tier="small", max_tokens=400)
+            )
+            await asyncio.wait_for(ready.wait(), 10)
+            with pytest.raises(ChatError) as caught:
+                await client.chat(PROMPT, mode="pinned", tier="small", max_tokens=4, timeout=10)
+            assert caught.value.code == "RESOURCE_EXHAUSTED"
+            assert "tier at capacity" in caught.value.message
+            holder.cancel()
+        status = await mesh.wait_idle("small")
+        assert status.rejected == 1
+    finally:
+        await mesh.stop()
+
+
+async def test_router_overload_is_resource_exhausted(tiny_model_dir: Path) -> None:
+    mesh = await start_mesh(
+        tiny_model_dir, tier_options={"max_tokens": 400}, router_options={**LONG, "max_inflight": 1}
+    )
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            ready = asyncio.Event()
+            holder = asyncio.create_task(
+                _hold_one_stream(client, ready, mode="pinned", tier="small", max_tokens=400)
+            )
+            await asyncio.wait_for(ready.wait(), 10)
+            with pytest.raises(ChatError) as caught:
+                await client.chat(PROMPT, max_tokens=4, timeout=10)
+            assert caught.value.code == "RESOURCE_EXHAUSTED"
+            assert "router at capacity" in caught.value.message
+            holder.cancel()
+    finally:
+        await mesh.stop()
+
+
+async def test_draining_tier_finishes_in_flight_streams(tiny_model_dir: Path) -> None:
+    mesh = await start_mesh(tiny_model_dir, tier_options={"max_tokens": 400}, router_options=LONG)
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            ready = asyncio.Event()
+            holder = asyncio.create_task(
+                _hold_one_stream(client, ready, mode="pinned", tier="small", max_tokens=300)
+            )
+            await asyncio.wait_for(ready.wait(), 10)
+            await mesh.tiers["small"].running.drain(30)
+            final = await asyncio.wait_for(holder, 30)
+            assert isinstance(final, FinalEvent) and final.tier == "small"
+            with pytest.raises(ChatError) as caught:
+                await client.chat(PROMPT, mode="pinned", tier="small", max_tokens=4)
+            assert caught.value.code == "UNAVAILABLE"
+    finally:
+        await mesh.stop()
