@@ -82,7 +82,9 @@ class RouterConfig:
         for name in ("max_inflight", "default_max_tokens", "max_tokens", "max_prompt_chars"):
             _require(getattr(self, name) >= 1, name, "must be >= 1")
         _require(
-            self.default_max_tokens <= self.max_tokens, "default_max_tokens", "must be <= max_tokens"
+            self.default_max_tokens <= self.max_tokens,
+            "default_max_tokens",
+            "must be <= max_tokens",
         )
         _require(self.refine_budget_ms >= 1, "refine_budget_ms", "must be >= 1")
 

@@ -86,10 +86,13 @@ async def wait_for_shutdown_signal() -> str:
     """Returns the name of the first SIGTERM or SIGINT this process receives."""
     loop = asyncio.get_running_loop()
     received: asyncio.Future[str] = loop.create_future()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not received.done():
+            received.set_result(sig.name)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(
-            sig, lambda s=sig: received.done() or received.set_result(signal.Signals(s).name)
-        )
+        loop.add_signal_handler(sig, on_signal, sig)
     return await received
 
 

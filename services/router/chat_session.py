@@ -231,8 +231,7 @@ class ChatSession:
                 reason=reason,
                 usage=usage,
                 timings=timings,
-                revisions=max((c.revision or 0) for c in self._calls if c.revision is not None)
-                + 1,
+                revisions=max((c.revision or 0) for c in self._calls if c.revision is not None) + 1,
             )
         )
 

@@ -85,7 +85,9 @@ Event = RouteEvent | RevisionStartEvent | DeltaEvent | RevisionEndEvent | FinalE
 
 
 def _usage(message: common_pb2.Usage) -> dict[str, Any]:
-    return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    return MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
 
 
 def event_from_proto(event: router_pb2.ChatEvent) -> Event:
@@ -93,8 +95,12 @@ def event_from_proto(event: router_pb2.ChatEvent) -> Event:
     if kind == "route":
         r = event.route
         return RouteEvent(
-            r.request_id, MODE_NAMES.get(r.mode, "routed"), tuple(r.tiers), r.complexity,
-            r.policy, r.reason,
+            r.request_id,
+            MODE_NAMES.get(r.mode, "routed"),
+            tuple(r.tiers),
+            r.complexity,
+            r.policy,
+            r.reason,
         )
     if kind == "revision_start":
         s = event.revision_start

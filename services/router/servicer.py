@@ -39,10 +39,8 @@ MODES = {
 FEEDBACK_MEMORY = 10_000  # request ids remembered for Feedback
 
 
-class RouterServicer(router_pb2_grpc.RouterServiceServicer):  # type: ignore[misc]
-    def __init__(
-        self, config: RouterConfig, channels: TierChannels, policy: RoutingPolicy
-    ) -> None:
+class RouterServicer(router_pb2_grpc.RouterServiceServicer):
+    def __init__(self, config: RouterConfig, channels: TierChannels, policy: RoutingPolicy) -> None:
         self._config = config
         self._channels = channels
         self._policy = policy

@@ -13,6 +13,8 @@ import torch
 
 from services.tier.engine import Sampling
 
+__all__ = ["Sampling", "choose_token", "decode_tokens"]
+
 
 def choose_token(
     logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None

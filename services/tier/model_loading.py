@@ -55,7 +55,7 @@ def load_causal_lm(path: Path, device: str = "cpu", dtype: str = "float32") -> L
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelFolderError(f"device {device!r} requested but CUDA is not available")
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(
+    model: Any = AutoModelForCausalLM.from_pretrained(
         str(path), local_files_only=True, dtype=DTYPES[dtype]
     )
     model.to(device)
@@ -116,6 +116,6 @@ class IncrementalDetokenizer:
         )
         if text.endswith("\ufffd") and not final:
             return ""
-        delta = text[len(self.text) :] if text.startswith(self.text) else text[len(self.text) :]
+        delta = text[len(self.text) :]
         self.text = text
         return str(delta)

@@ -42,7 +42,7 @@ def usage_to_proto(usage: GenerationUsage) -> common_pb2.Usage:
     )
 
 
-class TierServicer(tier_pb2_grpc.TierServiceServicer):  # type: ignore[misc]
+class TierServicer(tier_pb2_grpc.TierServiceServicer):
     def __init__(self, tier: str, engine: Engine, max_tokens: int) -> None:
         self._tier = tier
         self._engine = engine

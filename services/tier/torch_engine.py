@@ -157,19 +157,20 @@ class TorchEngine:
             logprobs: list[float] = []
             sent_first = False
             last = -1
-            count = 0
-            for token, logprob in decode_tokens(
-                loaded.model,
-                prompt_ids,
-                max_new_tokens=request.max_tokens,
-                sampling=request.sampling,
-                eos_token_ids=loaded.eos_token_ids,
-                should_stop=stop.is_set,
+            for count, (token, logprob) in enumerate(
+                decode_tokens(
+                    loaded.model,
+                    prompt_ids,
+                    max_new_tokens=request.max_tokens,
+                    sampling=request.sampling,
+                    eos_token_ids=loaded.eos_token_ids,
+                    should_stop=stop.is_set,
+                ),
+                start=1,
             ):
                 ids.append(token)
                 logprobs.append(logprob)
                 last = token
-                count += 1
                 done = token in loaded.eos_token_ids or count >= request.max_tokens
                 if not done and (not sent_first or len(ids) >= per_chunk):
                     emit((ids, detok.add(ids), logprobs, None))
@@ -232,5 +233,5 @@ def _kv_bytes_per_token(loaded: LoadedModel) -> int:
     config = loaded.model.config
     layers = int(getattr(config, "n_layer", getattr(config, "num_hidden_layers", 0)))
     width = int(getattr(config, "n_embd", getattr(config, "hidden_size", 0)))
-    element = next(loaded.model.parameters()).element_size()
+    element = int(next(loaded.model.parameters()).element_size())
     return 2 * layers * width * element

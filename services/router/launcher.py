@@ -1,0 +1,209 @@
+"""`tiermesh run`: starts the three tiers and the router as child processes on this machine,
+waits for them to be healthy, shows one streamed answer, and stops them all on Ctrl-C/SIGTERM.
+
+Knows process management and gRPC health; never imports torch (the tiers do, in their own
+processes).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from rich.console import Console
+from rich.table import Table
+
+from services.common import env
+from services.common.config import TierConfig, load_config
+from services.common.errors import ConfigError
+from services.common.tiers import TIER_NAMES
+
+SERVICES_DIR = Path(__file__).resolve().parent.parent
+READY_TIMEOUT_S = 300.0
+
+
+@dataclass
+class Child:
+    name: str
+    address: str
+    command: list[str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, cwd=SERVICES_DIR.parent
+            )
+
+    def exited(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def tier_config_path(tier: str) -> Path:
+    return SERVICES_DIR / f"tier_{tier}" / "config.toml"
+
+
+def plan_children(
+    base_port: int | None, models: dict[str, Path], device: str | None, run_dir: Path
+) -> list[Child]:
+    """The four processes to start; raises ConfigError if a model folder is missing."""
+    children = []
+    tier_targets = []
+    for index, tier in enumerate(TIER_NAMES):
+        port = None if base_port is None else base_port + 10 + index
+        config = load_config(TierConfig, tier_config_path(tier), port=port, device=device)
+        model = models.get(tier, config.model_path)
+        if not (model / "config.json").is_file():
+            raise ConfigError(
+                f"tier {tier}: no model at {model} (train the built-in family with "
+                f"`make models`, or pass --model {tier}=PATH)"
+            )
+        command = [sys.executable, "-m", f"services.tier_{tier}", "--model", str(model)]
+        if port is not None:
+            command += ["--port", str(port)]
+        if device is not None:
+            command += ["--device", device]
+        address = f"{config.host}:{config.port}"
+        children.append(Child(tier, address, command, run_dir / f"{tier}.log"))
+        tier_targets += ["--tier", f"{tier}={address}"]
+    router_port = 50051 if base_port is None else base_port
+    router_address = f"127.0.0.1:{router_port}"
+    router_command = [sys.executable, "-m", "services.router", "--port", str(router_port)]
+    children.append(
+        Child("router", router_address, router_command + tier_targets, run_dir / "router.log")
+    )
+    return children
+
+
+def wait_healthy(children: list[Child], console: Console) -> bool:
+    """Polls each child's gRPC health until SERVING; False if one exits or time runs out."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    pending = {child.name: child for child in children}
+    with console.status("starting tiers and router…") as status:
+        while pending:
+            for name, child in list(pending.items()):
+                code = child.exited()
+                if code is not None:
+                    console.print(f"[red]{name} exited with code {code}[/red]; log tail:")
+                    console.print(child.log_tail(), markup=False)
+                    return False
+                if _serving(child.address):
+                    del pending[name]
+                    console.print(f"[green]✓[/green] {name} serving on {child.address}")
+            status.update(f"waiting for {', '.join(pending)}…")
+            if time.monotonic() > deadline:
+                console.print(f"[red]not healthy after {READY_TIMEOUT_S:.0f} s:[/red] {pending}")
+                return False
+            time.sleep(0.2)
+    return True
+
+
+def _serving(address: str) -> bool:
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            response = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=0.5)
+            return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
+    except grpc.RpcError:
+        return False
+
+
+def stop_all(children: list[Child], grace_s: float = 15.0) -> None:
+    for child in children:
+        if child.process is not None and child.process.poll() is None:
+            child.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        if child.process is None:
+            continue
+        try:
+            child.process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.process.kill()
+            child.process.wait()
+
+
+def run_mesh(
+    *,
+    base_port: int | None,
+    models: dict[str, Path],
+    device: str | None,
+    demo_prompt: str | None,
+    console: Console | None = None,
+) -> int:
+    console = console or Console()
+    run_dir = Path(env.run_dir())
+    try:
+        children = plan_children(base_port, models, device, run_dir / "logs")
+    except ConfigError as e:
+        console.print(f"[red]tiermesh run:[/red] {e}")
+        return 2
+    stop_requested: list[str] = []
+
+    def request_stop(signum: int, _frame: object) -> None:
+        stop_requested.append(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for child in children:
+            child.start()
+        if not wait_healthy(children, console):
+            return 1
+        _print_addresses(children, run_dir, console)
+        if demo_prompt and not stop_requested:
+            _demo(children[-1].address, demo_prompt, console)
+        console.print("[dim]serving; Ctrl-C stops every service[/dim]")
+        while not stop_requested:
+            for child in children:
+                code = child.exited()
+                if code is not None:
+                    console.print(f"[red]{child.name} exited with code {code}[/red]; stopping")
+                    console.print(child.log_tail(), markup=False)
+                    return 1
+            time.sleep(0.2)
+        console.print(f"{stop_requested[0]} received: stopping every service")
+        return 0
+    finally:
+        stop_all(children)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _print_addresses(children: list[Child], run_dir: Path, console: Console) -> None:
+    table = Table(title="tiermesh is up")
+    table.add_column("service")
+    table.add_column("address")
+    table.add_column("pid")
+    table.add_column("log")
+    for child in children:
+        pid = str(child.process.pid) if child.process else "-"
+        table.add_row(child.name, child.address, pid, str(child.log_path))
+    console.print(table)
+    router = children[-1].address
+    flag = "" if router == env.DEFAULT_ROUTER_ADDRESS else f" --router {router}"
+    console.print(f'try: [bold]tiermesh chat{flag} --mode progressive "Where is my order?"[/bold]')
+    os.environ.setdefault("TIERMESH_ROUTER", router)
+
+
+def _demo(router: str, prompt: str, console: Console) -> None:
+    from services.router.chat_view import show_live
+    from services.router.sdk import RouterClient
+
+    console.print(f"[bold]demo:[/bold] progressive chat: {prompt!r}")
+    with RouterClient(router) as client:
+        show_live(client.chat_stream(prompt, mode="progressive", timeout=120), console)

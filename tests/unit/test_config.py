@@ -1,0 +1,57 @@
+"""Config loading: typed fields, errors that name the file and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.common.config import RouterConfig, TierConfig, build_config, load_config
+from services.common.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("tier", ["small", "medium", "large"])
+def test_shipped_tier_configs_load(tier: str) -> None:
+    config = load_config(TierConfig, ROOT / "services" / f"tier_{tier}" / "config.toml")
+    assert config.name == tier
+    assert config.model_path == ROOT / "services" / f"tier_{tier}" / "model"
+
+
+def test_shipped_router_config_loads() -> None:
+    config = load_config(RouterConfig, ROOT / "services" / "router" / "config.toml")
+    assert set(config.tiers) == {"small", "medium", "large"}
+    assert (config.draft_tier, config.refine_tier) == ("small", "large")
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"name": "huge", "model_path": "m"}, "name"),
+        ({"name": "small", "model_path": "m", "max_running": 0}, "max_running"),
+        ({"name": "small", "model_path": "m", "port": "80"}, "port"),
+        ({"name": "small", "model_path": "m", "engine": "onnx"}, "engine"),
+        ({"name": "small", "model_path": "m", "tokens_per_chunk": 100}, "tokens_per_chunk"),
+        ({"name": "small", "model_path": "m", "colour": "red"}, "colour"),
+    ],
+)
+def test_bad_tier_config_names_the_field(data: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        build_config(TierConfig, data)
+    assert str(caught.value).startswith(f"{field}:")
+
+
+def test_router_config_rejects_unconfigured_refine_tier() -> None:
+    with pytest.raises(ConfigError, match="refine_tier"):
+        build_config(RouterConfig, {"tiers": {"small": "a:1"}})
+
+
+def test_load_config_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "tier.toml"
+    path.write_text('name = "small"\nmodel_path = "m"\nmax_queued = -1\n')
+    with pytest.raises(ConfigError) as caught:
+        load_config(TierConfig, path)
+    assert str(caught.value) == f"{path}: max_queued: must be >= 0"
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(TierConfig, tmp_path / "missing.toml")
