@@ -30,12 +30,15 @@ class TierConfig:
     dtype: str = "float32"  # weights in "float32", "bfloat16" or "float16"
     host: str = "127.0.0.1"
     port: int = 0  # 0 = any free port (tests)
-    max_running: int = 4  # requests decoding at once
+    max_running: int = 4  # requests decoding at once (= KV-cache pool slots when batching)
     max_queued: int = 16  # admitted requests waiting for a slot; past it RESOURCE_EXHAUSTED
     max_tokens: int = 256  # most tokens one request may generate
     max_prompt_tokens: int = 512  # longest rendered prompt accepted, in tokens
     tokens_per_chunk: int = 4  # tokens per streamed chunk after the first
     torch_threads: int = 1  # torch intra-op threads for this process
+    batching: bool = True  # continuous batching over a KV-cache pool (GPT-2 models), else
+    # one decode thread per request with its own growing cache
+    kv_max_len: int = 0  # positions per KV-cache pool slot; 0 = the model's context length
     drain_grace_s: float = 10.0  # on SIGTERM, how long in-flight streams may finish
 
     def validate(self) -> None:
@@ -48,6 +51,7 @@ class TierConfig:
         _require(self.max_queued >= 0, "max_queued", "must be >= 0")
         _require(1 <= self.tokens_per_chunk <= 64, "tokens_per_chunk", "must be in [1, 64]")
         _require(self.drain_grace_s >= 0, "drain_grace_s", "must be >= 0")
+        _require(self.kv_max_len >= 0, "kv_max_len", "must be >= 0")
 
 
 @dataclass(frozen=True)

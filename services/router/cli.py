@@ -8,6 +8,8 @@ tiermesh models train|eval        the built-in model family (see services/traini
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -16,6 +18,13 @@ from services.common import env
 from services.common.tiers import TIER_NAMES
 
 DEMO_PROMPT = "What is your return policy?"
+# Modules that add their own subcommands through `register(subparsers)`.
+COMMAND_MODULES = tuple(
+    name
+    for name in ("services.training.cli", "mesh.cli")
+    if importlib.util.find_spec(name.rsplit(".", 1)[0]) is not None
+    and importlib.util.find_spec(name) is not None
+)
 
 
 def _model_overrides(values: list[str]) -> dict[str, Path]:
@@ -92,12 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
     chat.set_defaults(func=cmd_chat)
 
-    try:
-        from services.training.cli import register as register_models
-    except ImportError:
-        pass
-    else:
-        register_models(commands)
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).register(commands)
     return parser
 
 

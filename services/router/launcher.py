@@ -123,6 +123,25 @@ def _serving(address: str) -> bool:
         return False
 
 
+def tier_memory(address: str) -> tuple[str, str]:
+    """The tier's model and a memory line, from its GetStatus: weights + KV-cache pool."""
+    from tiermesh.v1 import tier_pb2, tier_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(address) as channel:
+            status = tier_pb2_grpc.TierServiceStub(channel).GetStatus(
+                tier_pb2.GetStatusRequest(), timeout=2
+            )
+    except grpc.RpcError:
+        return "?", "?"
+    mib = 1024 * 1024
+    weights, pool = status.weights_bytes / mib, status.kv_pool_bytes / mib
+    return (
+        f"{status.model} ({status.params / 1e6:.1f}M params)",
+        f"{weights:.1f} + {pool:.1f} MiB ({status.kv_pool_capacity_tokens} positions)",
+    )
+
+
 def stop_all(children: list[Child], grace_s: float = 15.0) -> None:
     for child in children:
         if child.process is not None and child.process.poll() is None:
@@ -186,13 +205,12 @@ def run_mesh(
 
 def _print_addresses(children: list[Child], run_dir: Path, console: Console) -> None:
     table = Table(title="tiermesh is up")
-    table.add_column("service")
-    table.add_column("address")
-    table.add_column("pid")
-    table.add_column("log")
+    for column in ("service", "address", "pid", "model", "memory (weights + KV pool)", "log"):
+        table.add_column(column)
     for child in children:
         pid = str(child.process.pid) if child.process else "-"
-        table.add_row(child.name, child.address, pid, str(child.log_path))
+        model, memory = tier_memory(child.address) if child.name in TIER_NAMES else ("", "")
+        table.add_row(child.name, child.address, pid, model, memory, str(child.log_path))
     console.print(table)
     router = children[-1].address
     flag = "" if router == env.DEFAULT_ROUTER_ADDRESS else f" --router {router}"

@@ -1,7 +1,9 @@
 """The torch engine: a local Hugging Face causal LM on CPU or CUDA, streamed token by token.
 
-Each running request decodes on its own worker thread with its own KV cache (see decode.py);
-admission bounds how many run and how many wait. Knows nothing of gRPC.
+GPT-2 models run with continuous batching over a KV-cache pool allocated at start
+(batch_scheduler.py); other architectures, or `batching = false`, decode each request on its
+own worker thread with its own cache (decode.py). Admission bounds how many run (= pool slots)
+and how many wait. Knows nothing of gRPC.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -19,18 +21,14 @@ import torch
 
 from services.common.config import TierConfig
 from services.common.errors import InvalidArgument, Unavailable
+from services.tier import gpt2_pooled
 from services.tier.admission import Admission
+from services.tier.batch_scheduler import BatchScheduler, Sequence
+from services.tier.chunking import END, ChunkAssembler, Emit
 from services.tier.decode import decode_tokens
 from services.tier.engine import EngineLoad, GenerationChunk, GenerationRequest, GenerationUsage
-from services.tier.model_loading import (
-    IncrementalDetokenizer,
-    LoadedModel,
-    encode_prompt,
-    load_causal_lm,
-    render_prompt,
-)
-
-_END = object()
+from services.tier.kv_pool import KvCachePool
+from services.tier.model_loading import LoadedModel, encode_prompt, load_causal_lm, render_prompt
 
 
 class TorchEngine:
@@ -40,23 +38,35 @@ class TorchEngine:
         self._config = config
         self._loaded: LoadedModel | None = None
         self._admission = Admission(config.max_running, config.max_queued)
+        self._pool: KvCachePool | None = None
+        self._scheduler: BatchScheduler | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._stops: dict[str, threading.Event] = {}
-        self._kv_used: dict[str, int] = {}
+        self._kv_used: dict[str, int] = {}  # sequential path: positions per request
         self._kv_peak = 0
         self._ttfts: deque[float] = deque(maxlen=256)
         self._completed = 0
         self._closing = False
 
+    @property
+    def batching(self) -> bool:
+        return self._scheduler is not None
+
     async def start(self) -> None:
         torch.set_num_threads(self._config.torch_threads)
         cfg = self._config
-        self._loaded = await asyncio.to_thread(
-            load_causal_lm, cfg.model_path, cfg.device, cfg.dtype
-        )
-        self._executor = ThreadPoolExecutor(
-            max_workers=cfg.max_running, thread_name_prefix=f"decode-{cfg.name}"
-        )
+        loaded = await asyncio.to_thread(load_causal_lm, cfg.model_path, cfg.device, cfg.dtype)
+        if cfg.batching and gpt2_pooled.supports(loaded.model):
+            max_len = min(cfg.kv_max_len or loaded.context_length, loaded.context_length)
+            loaded = _with_context(loaded, max_len)
+            self._pool = gpt2_pooled.create_pool(loaded.model, cfg.max_running, max_len)
+            self._scheduler = BatchScheduler(loaded, self._pool)
+            self._scheduler.start()
+        else:
+            self._executor = ThreadPoolExecutor(
+                max_workers=cfg.max_running, thread_name_prefix=f"decode-{cfg.name}"
+            )
+        self._loaded = loaded
 
     def check_health(self) -> None:
         if self._loaded is None:
@@ -67,10 +77,9 @@ class TorchEngine:
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
         assert self._loaded is not None
         tokenizer = self._loaded.tokenizer
-        if request.messages:
-            text = render_prompt(tokenizer, list(request.messages))
-        else:
-            text = request.prompt
+        text = (
+            render_prompt(tokenizer, list(request.messages)) if request.messages else request.prompt
+        )
         ids = encode_prompt(tokenizer, text)
         limit = min(self._config.max_prompt_tokens, self._loaded.context_length - 1)
         if not ids:
@@ -87,39 +96,46 @@ class TorchEngine:
         return ids
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        """Steps: validate the prompt length, wait for a running slot (bounded), decode on a
-        worker thread, relay its chunks; on early close, stop the worker within one step."""
+        """Steps: validate the prompt length, wait for a running slot (bounded queue), hand the
+        request to the batch scheduler (or a worker thread), relay its chunks; on early close,
+        stop its decoding within one step and free its slot."""
         received = time.perf_counter()
         self.check_health()
+        assert self._loaded is not None
         prompt_ids = self._prompt_ids(request)
         async with self._admission.slot():
             self.check_health()
             queue_ms = (time.perf_counter() - received) * 1000
             loop = asyncio.get_running_loop()
-            chunks: asyncio.Queue[Any] = asyncio.Queue()  # at most max_tokens items + 1
+            chunks: asyncio.Queue[Any] = asyncio.Queue()  # at most max_tokens + 2 items
             stop = threading.Event()
             self._stops[request.request_id] = stop
 
             def emit(item: Any) -> None:
                 loop.call_soon_threadsafe(chunks.put_nowait, item)
 
-            assert self._executor is not None
-            worker = loop.run_in_executor(
-                self._executor, self._decode_worker, request, prompt_ids, stop, emit
-            )
+            per_chunk = request.tokens_per_chunk or self._config.tokens_per_chunk
+            assembler = ChunkAssembler(self._loaded.tokenizer, per_chunk)
+            if self._scheduler is not None:
+                self._scheduler.submit(Sequence(request, prompt_ids, stop, emit, assembler))
+            else:
+                assert self._executor is not None
+                loop.run_in_executor(
+                    self._executor, self._decode_alone, request, prompt_ids, stop, emit, assembler
+                )
             first_token_ms: float | None = None
             completion_tokens = 0
             try:
                 while True:
                     item = await chunks.get()
-                    if item is _END:
+                    if item is END:
                         break
                     if isinstance(item, BaseException):
                         raise item
                     token_ids, text, logprobs, finish = item
                     completion_tokens += len(token_ids)
                     self._kv_note(request.request_id, len(prompt_ids) + completion_tokens)
-                    if first_token_ms is None and token_ids:
+                    if first_token_ms is None:
                         first_token_ms = (time.perf_counter() - received) * 1000
                         self._ttfts.append(first_token_ms)
                     usage = None
@@ -129,7 +145,7 @@ class TorchEngine:
                             prompt_tokens=len(prompt_ids),
                             completion_tokens=completion_tokens,
                             queue_ms=queue_ms,
-                            ttft_ms=first_token_ms or 0.0,
+                            ttft_ms=first_token_ms,
                             total_ms=(time.perf_counter() - received) * 1000,
                         )
                     yield GenerationChunk(tuple(token_ids), text, tuple(logprobs), finish, usage)
@@ -137,56 +153,42 @@ class TorchEngine:
                 stop.set()
                 self._stops.pop(request.request_id, None)
                 self._kv_used.pop(request.request_id, None)
-                if worker.done() and not worker.cancelled():
-                    worker.exception()  # consume, so a worker error is never logged as lost
 
-    def _decode_worker(
+    def _decode_alone(
         self,
         request: GenerationRequest,
         prompt_ids: list[int],
         stop: threading.Event,
-        emit: Callable[[Any], None],
+        emit: Emit,
+        chunks: ChunkAssembler,
     ) -> None:
-        """Runs on a worker thread: decodes and emits (ids, text, logprobs, finish) tuples."""
+        """Runs on a worker thread: decodes one request with its own KV cache."""
         try:
             assert self._loaded is not None
-            loaded = self._loaded
-            per_chunk = request.tokens_per_chunk or self._config.tokens_per_chunk
-            detok = IncrementalDetokenizer(loaded.tokenizer)
-            ids: list[int] = []
-            logprobs: list[float] = []
-            sent_first = False
-            last = -1
-            for count, (token, logprob) in enumerate(
-                decode_tokens(
-                    loaded.model,
-                    prompt_ids,
-                    max_new_tokens=request.max_tokens,
-                    sampling=request.sampling,
-                    eos_token_ids=loaded.eos_token_ids,
-                    should_stop=stop.is_set,
-                ),
-                start=1,
-            ):
-                ids.append(token)
-                logprobs.append(logprob)
-                last = token
-                done = token in loaded.eos_token_ids or count >= request.max_tokens
-                if not done and (not sent_first or len(ids) >= per_chunk):
-                    emit((ids, detok.add(ids), logprobs, None))
-                    ids, logprobs, sent_first = [], [], True
-            if stop.is_set():
-                emit(_END)
-                return
-            finish = "stop" if last in loaded.eos_token_ids else "length"
-            emit((ids, detok.add(ids, final=True), logprobs, finish))
-            emit(_END)
+            eos = self._loaded.eos_token_ids
+            steps = decode_tokens(
+                self._loaded.model,
+                prompt_ids,
+                max_new_tokens=request.max_tokens,
+                sampling=request.sampling,
+                eos_token_ids=eos,
+                should_stop=stop.is_set,
+            )
+            for count, (token, logprob) in enumerate(steps, start=1):
+                finish = "stop" if token in eos else None
+                if finish is None and count >= request.max_tokens:
+                    finish = "length"
+                chunk = chunks.add(token, logprob, finish)
+                if chunk is not None:
+                    emit(chunk)
+            emit(END)
         except BaseException as e:  # relayed to the consumer, which raises it
             emit(e)
 
     def _kv_note(self, request_id: str, positions: int) -> None:
-        self._kv_used[request_id] = positions
-        self._kv_peak = max(self._kv_peak, sum(self._kv_used.values()))
+        if self._pool is None:
+            self._kv_used[request_id] = positions
+            self._kv_peak = max(self._kv_peak, sum(self._kv_used.values()))
 
     async def abort(self, request_id: str) -> None:
         stop = self._stops.get(request_id)
@@ -194,10 +196,20 @@ class TorchEngine:
             stop.set()
 
     def load(self) -> EngineLoad:
-        loaded = self._loaded
+        loaded, pool = self._loaded, self._pool
         ttfts = sorted(self._ttfts)
         context = loaded.context_length if loaded else 0
-        capacity = self._config.max_running * context
+        if pool is not None:
+            capacity, used, peak, pool_bytes = (
+                pool.capacity_tokens,
+                pool.used_tokens,
+                pool.peak_tokens,
+                pool.bytes,
+            )
+        else:  # no pool: report the bound the per-request caches can reach
+            capacity = self._config.max_running * context
+            used, peak = sum(self._kv_used.values()), self._kv_peak
+            pool_bytes = capacity * _kv_bytes_per_token(loaded) if loaded else 0
         return EngineLoad(
             model=loaded.name if loaded else self._config.model_path.name,
             device=self._config.device,
@@ -209,10 +221,10 @@ class TorchEngine:
             ttft_ms_p50=statistics.median(ttfts) if ttfts else 0.0,
             ttft_ms_p99=ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))] if ttfts else 0.0,
             kv_pool_capacity_tokens=capacity,
-            kv_pool_used_tokens=sum(self._kv_used.values()),
-            kv_pool_peak_tokens=self._kv_peak,
+            kv_pool_used_tokens=used,
+            kv_pool_peak_tokens=peak,
             weights_bytes=loaded.weights_bytes if loaded else 0,
-            kv_pool_bytes=capacity * _kv_bytes_per_token(loaded) if loaded else 0,
+            kv_pool_bytes=pool_bytes,
             completed=self._completed,
             rejected=self._admission.rejected,
             params=loaded.params if loaded else 0,
@@ -224,8 +236,16 @@ class TorchEngine:
         self._closing = True
         for stop in self._stops.values():
             stop.set()
+        if self._scheduler is not None:
+            await asyncio.to_thread(self._scheduler.shutdown)
         if self._executor is not None:
             await asyncio.to_thread(self._executor.shutdown, wait=True)
+
+
+def _with_context(loaded: LoadedModel, context_length: int) -> LoadedModel:
+    from dataclasses import replace
+
+    return replace(loaded, context_length=context_length)
 
 
 def _kv_bytes_per_token(loaded: LoadedModel) -> int:

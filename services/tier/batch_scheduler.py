@@ -1,0 +1,156 @@
+"""Continuous (in-flight) batching for the torch engine: one thread decodes every running
+request together, one token per request per step, over a KV-cache pool allocated at start.
+
+A new request joins between steps (its prompt prefilled alone into a free slot); a finished or
+stopped one leaves at once and frees its slot. Knows torch and the pooled GPT-2 passes; nothing
+of asyncio or gRPC: results leave through each request's `emit` callback.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from services.tier import gpt2_pooled
+from services.tier.chunking import END, ChunkAssembler, Emit
+from services.tier.decode import choose_token
+from services.tier.engine import GenerationRequest
+from services.tier.kv_pool import KvCachePool
+from services.tier.model_loading import LoadedModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Sequence:
+    """One request inside the scheduler."""
+
+    request: GenerationRequest
+    prompt_ids: list[int]
+    stop: threading.Event
+    emit: Emit
+    chunks: ChunkAssembler
+    slot: int = -1
+    next_token: int = -1
+    generated: int = 0
+    generator: torch.Generator | None = field(default=None, repr=False)
+
+
+class BatchScheduler:
+    """Thread-safe entry points: submit() and shutdown(). Everything else runs on its thread.
+
+    The caller must never have more sequences submitted and unfinished than the pool has slots
+    (the engine's admission guarantees it); the inbox is therefore bounded by the pool.
+    """
+
+    def __init__(self, loaded: LoadedModel, pool: KvCachePool, prefills_per_step: int = 1) -> None:
+        self._loaded = loaded
+        self._pool = pool
+        self._prefills_per_step = prefills_per_step
+        self._inbox: queue.Queue[Sequence] = queue.Queue(maxsize=pool.slots)
+        self._active: dict[int, Sequence] = {}  # slot -> sequence
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="batch-scheduler", daemon=True)
+        self.steps = 0
+        self.batched_tokens = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, sequence: Sequence) -> None:
+        self._inbox.put_nowait(sequence)
+
+    def shutdown(self) -> None:
+        self._closing.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._closing.is_set():
+            try:
+                self._drop_stopped()
+                if not self._active:
+                    try:
+                        self._admit(self._inbox.get(timeout=0.05))
+                    except queue.Empty:
+                        continue
+                for _ in range(self._prefills_per_step):
+                    try:
+                        self._admit(self._inbox.get_nowait())
+                    except queue.Empty:
+                        break
+                if self._active:
+                    self._step()
+            except Exception as e:  # a failed forward fails the running requests, not the tier
+                log.exception("batch step failed")
+                for slot, sequence in list(self._active.items()):
+                    sequence.emit(e)
+                    self._finish(slot)
+        for slot, sequence in list(self._active.items()):
+            sequence.emit(END)
+            self._finish(slot)
+
+    def _drop_stopped(self) -> None:
+        for slot, sequence in list(self._active.items()):
+            if sequence.stop.is_set():
+                sequence.emit(END)
+                self._finish(slot)
+
+    def _finish(self, slot: int) -> None:
+        del self._active[slot]
+        self._pool.release(slot)
+
+    def _admit(self, sequence: Sequence) -> None:
+        if sequence.stop.is_set():
+            sequence.emit(END)
+            return
+        sampling = sequence.request.sampling
+        if not sampling.greedy and sampling.seed is not None:
+            device = self._loaded.device
+            sequence.generator = torch.Generator(device=device).manual_seed(sampling.seed)
+        sequence.slot = self._pool.acquire()
+        self._active[sequence.slot] = sequence
+        try:
+            logits = gpt2_pooled.prefill(
+                self._loaded.model, self._pool, sequence.slot, sequence.prompt_ids
+            )
+        except Exception as e:
+            sequence.emit(e)
+            self._finish(sequence.slot)
+            return
+        self._pool.note_use()
+        self._accept(sequence, logits)
+
+    def _step(self) -> None:
+        slots = list(self._active)
+        tokens = [self._active[s].next_token for s in slots]
+        logits = gpt2_pooled.decode_step(self._loaded.model, self._pool, slots, tokens)  # (B, V)
+        self._pool.note_use()
+        self.steps += 1
+        self.batched_tokens += len(slots)
+        for row, slot in enumerate(slots):
+            self._accept(self._active[slot], logits[row])
+
+    def _accept(self, sequence: Sequence, logits: torch.Tensor) -> None:
+        token, logprob = choose_token(logits, sequence.request.sampling, sequence.generator)
+        sequence.generated += 1
+        finish = None
+        if token in self._loaded.eos_token_ids:
+            finish = "stop"
+        elif sequence.generated >= sequence.request.max_tokens:
+            finish = "length"
+        chunk = sequence.chunks.add(token, logprob, finish)
+        if chunk is not None:
+            sequence.emit(chunk)
+        if finish is not None:
+            sequence.emit(END)
+            self._finish(sequence.slot)
+        else:
+            sequence.next_token = token
+
+    def stats(self) -> dict[str, Any]:
+        return {"steps": self.steps, "batched_tokens": self.batched_tokens}
