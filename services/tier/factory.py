@@ -13,4 +13,8 @@ def create_engine(config: TierConfig) -> Engine:
         from services.tier.torch_engine import TorchEngine
 
         return TorchEngine(config)
+    if config.engine == "tensorrt_llm":
+        from services.tier.tensorrt_llm_engine import TensorRtLlmEngine
+
+        return TensorRtLlmEngine(config)
     raise ConfigError(f"engine: {config.engine!r} is not available in this build")
