@@ -1,8 +1,9 @@
 """The `tiermesh` command: run the mesh, chat with it, and manage the built-in models.
 
-tiermesh run                      start tiers + router, show a streamed answer, serve
+tiermesh run [--mesh]             start tiers + router (+ xDS control plane), show an answer, serve
 tiermesh chat [--json] PROMPT     one chat through the router
 tiermesh models train|eval        the built-in model family (see services/training)
+tiermesh mesh serve|status|...    the xDS control plane and what points at it (see mesh/)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ DEMO_PROMPT = "What is your return policy?"
 # Modules that add their own subcommands through `register(subparsers)`.
 COMMAND_MODULES = tuple(
     name
-    for name in ("services.training.cli", "mesh.cli")
+    for name in ("services.training.cli", "services.bench.cli", "mesh.cli")
     if importlib.util.find_spec(name.rsplit(".", 1)[0]) is not None
     and importlib.util.find_spec(name) is not None
 )
@@ -45,6 +46,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         models=_model_overrides(args.model),
         device=args.device,
         demo_prompt=None if args.no_demo else args.demo_prompt,
+        mesh=args.mesh,
     )
 
 
@@ -87,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--base-port",
         type=int,
         help="router on BASE, tiers on BASE+10..12 (default: router 50051, tiers 50061-50063)",
+    )
+    run.add_argument(
+        "--mesh",
+        action="store_true",
+        help="also start the xDS control plane; the router reaches tiers via xds:///tier-NAME",
     )
     run.set_defaults(func=cmd_run)
 

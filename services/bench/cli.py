@@ -1,0 +1,113 @@
+"""`tiermesh bench ...`: benchmarks that compare configurations side by side in one run.
+
+tiermesh bench engine [--json]     continuous batching vs sequential generate
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from services.common.config import TierConfig, load_config
+
+SERVICES = Path(__file__).resolve().parent.parent
+
+
+def _levels(value: str) -> list[int]:
+    try:
+        levels = [int(v) for v in value.split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected numbers like 1,4,16,64, got {value!r}"
+        ) from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError("concurrency levels must be >= 1")
+    return levels
+
+
+def register(commands: Any) -> None:
+    bench = commands.add_parser("bench", help="benchmarks (engine batching, ...)")
+    kinds = bench.add_subparsers(dest="bench_kind", metavar="KIND", required=True)
+    engine = kinds.add_parser(
+        "engine", help="our continuous batching vs sequential HF generate, side by side"
+    )
+    engine.add_argument("--model", type=Path, help="model folder (default: the large tier's)")
+    engine.add_argument(
+        "--concurrency", type=_levels, default=[1, 4, 16, 64], help="levels, e.g. 1,4,16,64"
+    )
+    engine.add_argument("--max-tokens", type=int, default=32, help="tokens per stream")
+    engine.add_argument(
+        "--no-transformers-batching", action="store_true", help="skip transformers generate_batch"
+    )
+    engine.add_argument("--json", action="store_true", help="one JSON object as the last line")
+    engine.set_defaults(func=cmd_engine)
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    from services.bench.engine_bench import run_engine_bench
+
+    console = Console(stderr=args.json)
+    model = args.model
+    if model is None:
+        model = load_config(TierConfig, SERVICES / "tier_large" / "config.toml").model_path
+    if not (model / "config.json").is_file():
+        console.print(f"[red]bench engine:[/red] no model at {model} (run `make models`)")
+        return 2
+    with console.status("benchmarking…") as status:
+        report = run_engine_bench(
+            model,
+            args.concurrency,
+            args.max_tokens,
+            with_transformers_batching=not args.no_transformers_batching,
+            progress=lambda text: status.update(text),
+        )
+    print_engine_report(report, console)
+    if args.json:
+        print(json.dumps(report))
+    return 0
+
+
+def print_engine_report(report: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"engine benchmark: {report['model']} ({report['params'] / 1e6:.1f}M)")
+    columns = (
+        "engine",
+        "streams",
+        "tokens/s",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "TPOT ms",
+        "= generate",
+    )
+    for column in columns:
+        table.add_column(column, justify="right" if column != "engine" else "left")
+    for row in report["rows"]:
+        table.add_row(
+            row["engine"],
+            str(row["concurrency"]),
+            f"{row['tokens_per_s']:.0f}",
+            f"{row['ttft_ms_p50']:.1f}",
+            f"{row['ttft_ms_p99']:.1f}",
+            f"{row['tpot_ms']:.2f}",
+            "yes" if row["matches_generate"] else "NO",
+        )
+    console.print(table)
+    for level in report["levels"]:
+        ratio = report.get(f"ratio_vs_generate_at_{level}")
+        if ratio is not None:
+            console.print(f"tiermesh / sequential generate at {level} streams: {ratio:.2f}x")
+    bw = report["bandwidth"]
+    console.print(
+        f"batch-1 decode {bw['batch1_tokens_per_s']} tok/s = {bw['fraction_of_bound']:.0%} of the "
+        f"memory-bandwidth bound ({bw['bound_tokens_per_s']} tok/s at "
+        f"{bw['copy_bandwidth_gb_s']} GB/s copy, {bw['weights_bytes'] / 1e6:.1f} MB weights)"
+    )
+    for name, reason in report["skipped"].items():
+        console.print(f"[yellow]{name} did not run:[/yellow] {reason}")
+    console.print(
+        "[dim]hf_generate_batch returns whole answers: its TTFT column is its total time[/dim]"
+    )

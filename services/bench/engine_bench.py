@@ -1,0 +1,285 @@
+"""`tiermesh bench engine`: the torch engine's continuous batching against sequential Hugging
+Face `generate` (and transformers' own continuous batching when it runs), side by side in one
+run at several concurrency levels, on one model, in this process.
+
+Reports tokens/s, TTFT p50/p99 and time per output token per level, and the batch-1 decode
+rate against the memory-bandwidth bound. Knows torch and the engine; nothing of gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.common.config import TierConfig
+from services.tier.engine import GenerationRequest
+from services.tier.model_loading import LoadedModel, encode_prompt, load_causal_lm, render_prompt
+from services.tier.torch_engine import TorchEngine
+
+DEFAULT_PROMPTS = [
+    "What is your return policy?",
+    "How much does the blue kettle cost?",
+    "Do you ship to Canada?",
+    "How much are 3 mugs?",
+    "Can I change my delivery address?",
+    "What payment methods do you accept?",
+]
+
+
+@dataclass
+class LevelResult:
+    engine: str
+    concurrency: int
+    tokens: int
+    seconds: float
+    tokens_per_s: float
+    ttft_ms_p50: float
+    ttft_ms_p99: float
+    tpot_ms: float  # mean time per output token after the first, per stream
+    outputs: list[list[int]] | None = None  # generated ids per stream, sorted (not reported)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def _level(
+    engine: str,
+    concurrency: int,
+    tokens: int,
+    seconds: float,
+    firsts: list[float],
+    tpots: list[float],
+) -> LevelResult:
+    return LevelResult(
+        engine=engine,
+        concurrency=concurrency,
+        tokens=tokens,
+        seconds=round(seconds, 4),
+        tokens_per_s=round(tokens / seconds, 2),
+        ttft_ms_p50=round(statistics.median(firsts), 3),
+        ttft_ms_p99=round(_percentile(firsts, 0.99), 3),
+        tpot_ms=round(statistics.fmean(tpots), 3) if tpots else 0.0,
+    )
+
+
+def prompt_ids(loaded: LoadedModel, n: int, prompts: list[str]) -> list[list[int]]:
+    texts = [prompts[i % len(prompts)] for i in range(n)]
+    return [
+        encode_prompt(loaded.tokenizer, render_prompt(loaded.tokenizer, [("user", t)]))
+        for t in texts
+    ]
+
+
+async def run_ours(
+    model: Path, concurrency: int, max_tokens: int, prompts: list[str]
+) -> LevelResult:
+    config = TierConfig(
+        name="large",
+        model_path=model,
+        max_running=concurrency,
+        max_queued=0,
+        max_tokens=max_tokens,
+        torch_threads=torch.get_num_threads(),
+        tokens_per_chunk=1,
+    )
+    engine = TorchEngine(config)
+    await engine.start()
+    try:
+        requests = [
+            GenerationRequest(request_id=f"b{i}", messages=(("user", p),), max_tokens=max_tokens)
+            for i, p in enumerate(prompts[i % len(prompts)] for i in range(concurrency))
+        ]
+        start = time.perf_counter()
+
+        async def one(request: GenerationRequest) -> tuple[int, float, float]:
+            first = last = 0.0
+            tokens: list[int] = []
+            async for chunk in engine.generate(request):
+                now = time.perf_counter() - start
+                if not tokens:
+                    first = now
+                last = now
+                tokens.extend(chunk.token_ids)
+            outputs.append(tokens)
+            return len(tokens), first, last
+
+        outputs: list[list[int]] = []
+
+        results = await asyncio.gather(*(one(r) for r in requests))
+        seconds = time.perf_counter() - start
+    finally:
+        await engine.shutdown()
+    tokens = sum(r[0] for r in results)
+    tpots = [(r[2] - r[1]) / (r[0] - 1) * 1000 for r in results if r[0] > 1]
+    level = _level("tiermesh", concurrency, tokens, seconds, [r[1] * 1000 for r in results], tpots)
+    level.outputs = sorted(outputs)
+    return level
+
+
+class _FirstTokenTimer:
+    """A transformers streamer that notes when the first generated token arrives."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.first: float | None = None
+        self.last = 0.0
+
+    def put(self, value: Any) -> None:
+        self.calls += 1
+        if self.calls == 2 and self.first is None:  # call 1 is the prompt
+            self.first = time.perf_counter()
+        self.last = time.perf_counter()
+
+    def end(self) -> None:
+        self.last = time.perf_counter()
+
+
+def run_generate(
+    loaded: LoadedModel, concurrency: int, max_tokens: int, prompts: list[str]
+) -> LevelResult:
+    """All requests arrive at once; HF generate serves them one after another (greedy)."""
+    ids = prompt_ids(loaded, concurrency, prompts)
+    start = time.perf_counter()
+    firsts, tpots, tokens, outputs = [], [], 0, []
+    with torch.inference_mode():
+        for prompt in ids:
+            timer = _FirstTokenTimer()
+            out = loaded.model.generate(
+                torch.tensor([prompt], device=loaded.device),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=loaded.device),
+                max_new_tokens=max_tokens,
+                do_sample=False,
+                streamer=timer,
+                pad_token_id=next(iter(loaded.eos_token_ids), 0),
+            )
+            n = out.shape[1] - len(prompt)
+            generated = out[0, len(prompt) :].tolist()
+            eos = loaded.eos_token_ids
+            outputs.append(
+                generated[: next((i + 1 for i, t in enumerate(generated) if t in eos), n)]
+            )
+            tokens += n
+            first = timer.first or timer.last
+            firsts.append((first - start) * 1000)
+            if n > 1:
+                tpots.append((timer.last - first) / (n - 1) * 1000)
+    level = _level("hf_generate", concurrency, tokens, time.perf_counter() - start, firsts, tpots)
+    level.outputs = sorted(outputs)
+    return level
+
+
+def run_transformers_batching(
+    loaded: LoadedModel, concurrency: int, max_tokens: int, prompts: list[str]
+) -> LevelResult | str:
+    """transformers' generate_batch (continuous batching); returns why if it cannot run.
+
+    It returns whole results, so TTFT is not observable: reported as the total time."""
+    from transformers import GenerationConfig
+
+    ids = prompt_ids(loaded, concurrency, prompts)
+    try:
+        config = GenerationConfig(  # type: ignore[no-untyped-call]
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            eos_token_id=next(iter(loaded.eos_token_ids), None),
+            pad_token_id=0,
+        )
+        start = time.perf_counter()
+        outputs = loaded.model.generate_batch(
+            inputs=ids, generation_config=config, progress_bar=False
+        )
+        seconds = time.perf_counter() - start
+    except Exception as e:  # report, do not fail the benchmark
+        return f"{type(e).__name__}: {e}"[:200]
+    tokens = sum(len(o.generated_tokens) for o in outputs.values())
+    level = _level("hf_generate_batch", concurrency, tokens, seconds, [seconds * 1000], [])
+    level.outputs = sorted(list(o.generated_tokens) for o in outputs.values())
+    return level
+
+
+def _row(result: LevelResult, reference: LevelResult | None) -> dict[str, Any]:
+    """A report row; `matches_generate` says whether its greedy outputs equal HF generate's."""
+    row = asdict(result)
+    outputs = row.pop("outputs")
+    row["matches_generate"] = reference is not None and outputs == reference.outputs
+    return row
+
+
+def memory_bandwidth_gbs(megabytes: int = 256) -> float:
+    """Measured copy bandwidth (bytes read + written per second), best of 5."""
+    source = torch.ones(megabytes * 1024 * 1024 // 4, dtype=torch.float32)
+    target = torch.empty_like(source)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        target.copy_(source)
+        best = min(best, time.perf_counter() - start)
+    return 2 * source.nbytes / best / 1e9
+
+
+def bandwidth_bound(loaded: LoadedModel, batch1_tokens_per_s: float) -> dict[str, float]:
+    bandwidth = memory_bandwidth_gbs()
+    bound = bandwidth * 1e9 / loaded.weights_bytes
+    return {
+        "copy_bandwidth_gb_s": round(bandwidth, 2),
+        "weights_bytes": loaded.weights_bytes,
+        "bound_tokens_per_s": round(bound, 1),
+        "batch1_tokens_per_s": round(batch1_tokens_per_s, 1),
+        "fraction_of_bound": round(batch1_tokens_per_s / bound, 3),
+    }
+
+
+def run_engine_bench(
+    model: Path,
+    levels: list[int],
+    max_tokens: int,
+    prompts: list[str] | None = None,
+    with_transformers_batching: bool = True,
+    progress: Any = None,
+) -> dict[str, Any]:
+    prompts = prompts or DEFAULT_PROMPTS
+    loaded = load_causal_lm(model)
+    rows: list[LevelResult] = []
+    skipped: dict[str, str] = {}
+    for level in levels:
+        if progress:
+            progress(f"{level} streams: tiermesh engine")
+        rows.append(asyncio.run(run_ours(model, level, max_tokens, prompts)))
+        if progress:
+            progress(f"{level} streams: sequential generate")
+        rows.append(run_generate(loaded, level, max_tokens, prompts))
+        if with_transformers_batching and "hf_generate_batch" not in skipped:
+            if progress:
+                progress(f"{level} streams: transformers generate_batch")
+            result = run_transformers_batching(loaded, level, max_tokens, prompts)
+            if isinstance(result, str):
+                skipped["hf_generate_batch"] = result
+            else:
+                rows.append(result)
+    by = {(r.engine, r.concurrency): r for r in rows}
+    ours1 = by.get(("tiermesh", levels[0]))
+    report: dict[str, Any] = {
+        "model": str(model),
+        "params": loaded.params,
+        "max_tokens": max_tokens,
+        "torch_threads": torch.get_num_threads(),
+        "levels": levels,
+        "rows": [_row(r, by.get(("hf_generate", r.concurrency))) for r in rows],
+        "skipped": skipped,
+        "bandwidth": bandwidth_bound(loaded, ours1.tokens_per_s if ours1 else 0.0),
+    }
+    for level in levels:
+        ours, base = by.get(("tiermesh", level)), by.get(("hf_generate", level))
+        if ours and base:
+            report[f"ratio_vs_generate_at_{level}"] = round(
+                ours.tokens_per_s / base.tokens_per_s, 3
+            )
+    return report

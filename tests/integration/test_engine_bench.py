@@ -1,0 +1,32 @@
+"""`tiermesh bench engine` end to end on a tiny real model: the JSON contract and that our
+batched engine's greedy outputs equal sequential generate's. (Speed is for the benchmark.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_engine_json(tiny_model_dir: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "services.router.cli", "bench", "engine", "--json"]
+        + ["--model", str(tiny_model_dir), "--concurrency", "1,3", "--max-tokens", "6"]
+        + ["--no-transformers-batching"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["levels"] == [1, 3]
+    engines = {(row["engine"], row["concurrency"]) for row in report["rows"]}
+    assert engines == {("tiermesh", 1), ("tiermesh", 3), ("hf_generate", 1), ("hf_generate", 3)}
+    assert all(row["matches_generate"] for row in report["rows"])
+    assert report["ratio_vs_generate_at_3"] > 0
+    assert report["bandwidth"]["fraction_of_bound"] > 0
+    assert "engine benchmark" in run.stderr
