@@ -13,6 +13,10 @@ $(BIN)/tiermesh: pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	# xds-protos ships its own opentelemetry/proto files; put the exporter's own copy back on top
+	$(BIN)/python -m pip install --quiet --force-reinstall --no-deps \
+		"opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
+	$(BIN)/python -c "from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter"
 	touch $(BIN)/tiermesh
 
 protos: $(BIN)/tiermesh  ## generate the Python package tiermesh.v1 (+ .pyi stubs) from protos/

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import grpc
 from tiermesh.v1 import common_pb2, router_pb2, tier_pb2
 
+from services.router.chat_telemetry import ChatTelemetry
 from services.router.revisions import KeptPrefix, delta, revision_end, revision_start
 from services.router.tier_calls import TierCall, TierChannels
 
@@ -69,7 +70,9 @@ class ChatSession:
         refine_budget_s: float,
         time_remaining_s: float | None,
         clock: SessionClock,
+        telemetry: ChatTelemetry,
     ) -> None:
+        self._telemetry = telemetry
         self._plan = plan
         self._channels = channels
         self._refine_budget_s = refine_budget_s
@@ -84,7 +87,8 @@ class ChatSession:
         request = tier_pb2.GenerateRequest()
         request.CopyFrom(self._plan.generate)
         request.request_id = f"{self._plan.request_id}/{tier}"
-        call = TierCall(self._channels, tier, request, timeout_s)
+        span = self._telemetry.tier_call(tier, request.request_id)
+        call = TierCall(self._channels, tier, request, timeout_s, span)
         self._calls.append(call)
         return call
 
@@ -133,10 +137,12 @@ class ChatSession:
         async for event in self._stream_revision(refine, 1, draft.text, second):
             yield event
         if second.complete:
-            yield self._final(refine, 1, f"refined by {refine_tier}")
+            yield self._final(refine, 1, f"refined by {refine_tier}", "completed")
         elif first.complete:
             assert second.error is not None
-            yield self._final(draft, 0, self._refine_failure(refine, second.error))
+            timed_out = second.error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            outcome = "timeout" if timed_out else "failed"
+            yield self._final(draft, 0, self._refine_failure(refine, second.error), outcome)
         else:
             assert first.error is not None
             raise UpstreamFailed(draft_tier, first.error)
@@ -181,12 +187,14 @@ class ChatSession:
                 keep = kept.at_end() if kept is not None else 0
                 yield self._begin(call, revision, replaces, keep, outcome)
             outcome.complete = True
+            self._telemetry.revision_ended(revision, call.finish_reason or "stop")
             yield revision_end(revision, call.finish_reason or "stop", call.usage)
         except grpc.aio.AioRpcError as e:
             outcome.error = e
             if outcome.started:
                 timed_out = e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                 finish = "timeout" if timed_out else "error"
+                self._telemetry.revision_ended(revision, finish, _describe(e))
                 yield revision_end(revision, finish, call.usage, _describe(e))
 
     def _begin(
@@ -204,9 +212,12 @@ class ChatSession:
             self._clock.ttft_ms = now
         if revision == 0:
             self._clock.first_draft_ms = now
+        self._telemetry.revision_started(revision, call.tier, keep)
         return revision_start(revision, call.tier, replaces, keep)
 
-    def _final(self, call: TierCall, revision: int, reason: str) -> router_pb2.ChatEvent:
+    def _final(
+        self, call: TierCall, revision: int, reason: str, refinement: str | None = None
+    ) -> router_pb2.ChatEvent:
         for other in self._calls:
             other.cancel()
         usage = []
@@ -223,17 +234,17 @@ class ChatSession:
             time_to_first_draft_ms=self._clock.first_draft_ms,
             time_to_final_ms=self._clock.ms(),
         )
-        return router_pb2.ChatEvent(
-            final=router_pb2.Final(
-                revision=revision,
-                tier=call.tier,
-                text=call.text,
-                reason=reason,
-                usage=usage,
-                timings=timings,
-                revisions=max((c.revision or 0) for c in self._calls if c.revision is not None) + 1,
-            )
+        final = router_pb2.Final(
+            revision=revision,
+            tier=call.tier,
+            text=call.text,
+            reason=reason,
+            usage=usage,
+            timings=timings,
+            revisions=max((c.revision or 0) for c in self._calls if c.revision is not None) + 1,
         )
+        self._telemetry.final(final, refinement)
+        return router_pb2.ChatEvent(final=final)
 
 
 def _describe(error: grpc.aio.AioRpcError) -> str:

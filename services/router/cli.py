@@ -22,7 +22,12 @@ DEMO_PROMPT = "What is your return policy?"
 # Modules that add their own subcommands through `register(subparsers)`.
 COMMAND_MODULES = tuple(
     name
-    for name in ("services.training.cli", "services.bench.cli", "mesh.cli")
+    for name in (
+        "services.router.trace_view",
+        "services.training.cli",
+        "services.bench.cli",
+        "mesh.cli",
+    )
     if importlib.util.find_spec(name.rsplit(".", 1)[0]) is not None
     and importlib.util.find_spec(name) is not None
 )
@@ -51,6 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    from services.common.telemetry import setup_telemetry
     from services.router.chat_view import print_json_events, show_live
     from services.router.sdk import RouterClient
 
@@ -65,11 +71,15 @@ def cmd_chat(args: argparse.Namespace) -> int:
         "temperature": args.temperature,
         "timeout": args.timeout,
     }
-    with RouterClient(args.router) as client:
-        events = client.chat_stream(args.prompt, **options)
-        if args.json:
-            return print_json_events(events, started)
-        return show_live(events)
+    telemetry = setup_telemetry("tiermesh-cli")
+    try:
+        with RouterClient(args.router) as client:
+            events = client.chat_stream(args.prompt, **options)
+            if args.json:
+                return print_json_events(events, started)
+            return show_live(events)
+    finally:
+        telemetry.shutdown()
 
 
 def build_parser() -> argparse.ArgumentParser:

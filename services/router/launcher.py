@@ -1,5 +1,7 @@
 """`tiermesh run`: starts the three tiers and the router as child processes on this machine,
 waits for them to be healthy, shows one streamed answer, and stops them all on Ctrl-C/SIGTERM.
+With `--mesh` it also starts the xDS control plane on a topology generated for the ports in use,
+and the router reaches the tiers through `xds:///tier-<name>` targets.
 
 Knows process management and gRPC health; never imports torch (the tiers do, in their own
 processes).
@@ -36,12 +38,18 @@ class Child:
     command: list[str]
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] | None = None  # added to this process's environment
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        child_env = {**os.environ, **self.env} if self.env else None
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                self.command, stdout=log, stderr=subprocess.STDOUT, cwd=SERVICES_DIR.parent
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=SERVICES_DIR.parent,
+                env=child_env,
             )
 
     def exited(self) -> int | None:
@@ -59,11 +67,17 @@ def tier_config_path(tier: str) -> Path:
 
 
 def plan_children(
-    base_port: int | None, models: dict[str, Path], device: str | None, run_dir: Path
+    base_port: int | None,
+    models: dict[str, Path],
+    device: str | None,
+    run_dir: Path,
+    mesh: bool = False,
 ) -> list[Child]:
-    """The four processes to start; raises ConfigError if a model folder is missing."""
+    """The processes to start (the router last); raises ConfigError if a model folder is
+    missing."""
     children = []
     tier_targets = []
+    tier_ports = {}
     for index, tier in enumerate(TIER_NAMES):
         port = None if base_port is None else base_port + 10 + index
         config = load_config(TierConfig, tier_config_path(tier), port=port, device=device)
@@ -74,20 +88,53 @@ def plan_children(
                 f"`make models`, or pass --model {tier}=PATH)"
             )
         command = [sys.executable, "-m", f"services.tier_{tier}", "--model", str(model)]
-        if port is not None:
-            command += ["--port", str(port)]
+        if port is not None and base_port is not None:
+            command += ["--port", str(port), "--metrics-port", str(base_port + 20 + index)]
         if device is not None:
             command += ["--device", device]
         address = f"{config.host}:{config.port}"
         children.append(Child(tier, address, command, run_dir / f"{tier}.log"))
         tier_targets += ["--tier", f"{tier}={address}"]
+        tier_ports[tier] = config.port
     router_port = 50051 if base_port is None else base_port
     router_address = f"127.0.0.1:{router_port}"
     router_command = [sys.executable, "-m", "services.router", "--port", str(router_port)]
+    if base_port is not None:
+        router_command += ["--metrics-port", str(base_port + 23)]
+    router_env = None
+    if mesh:
+        control_plane, router_env, tier_targets = _plan_control_plane(
+            tier_ports, router_port, run_dir
+        )
+        children.append(control_plane)
     children.append(
-        Child("router", router_address, router_command + tier_targets, run_dir / "router.log")
+        Child(
+            "router",
+            router_address,
+            router_command + tier_targets,
+            run_dir / "router.log",
+            env=router_env,
+        )
     )
     return children
+
+
+def _plan_control_plane(
+    tier_ports: dict[str, int], router_port: int, run_dir: Path
+) -> tuple[Child, dict[str, str], list[str]]:
+    """The control plane child (on a topology written for these ports), the router's xDS
+    bootstrap environment, and the router's xds:/// tier targets."""
+    from mesh.bootstrap import bootstrap_env
+    from mesh.topology import dump_yaml, local_topology, xds_target
+
+    topology = local_topology(tier_ports, router_port)
+    path = run_dir / "topology.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dump_yaml(topology, "# written by `tiermesh run --mesh`; edits are served\n"))
+    command = [sys.executable, "-m", "mesh", "serve", "--topology", str(path)]
+    child = Child("control-plane", topology.control_plane, command, run_dir / "control-plane.log")
+    targets = [arg for tier in tier_ports for arg in ("--tier", f"{tier}={xds_target(tier)}")]
+    return child, bootstrap_env(topology.control_plane, f"router~{router_port}"), targets
 
 
 def wait_healthy(children: list[Child], console: Console) -> bool:
@@ -164,11 +211,15 @@ def run_mesh(
     device: str | None,
     demo_prompt: str | None,
     console: Console | None = None,
+    mesh: bool = False,
 ) -> int:
     console = console or Console()
     run_dir = Path(env.run_dir())
+    # Every service appends its finished spans here; `tiermesh trace` reads them.
+    os.environ.setdefault("TIERMESH_TRACE_FILE", str(run_dir / "traces.jsonl"))
+    run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        children = plan_children(base_port, models, device, run_dir / "logs")
+        children = plan_children(base_port, models, device, run_dir / "logs", mesh=mesh)
     except ConfigError as e:
         console.print(f"[red]tiermesh run:[/red] {e}")
         return 2
@@ -184,6 +235,12 @@ def run_mesh(
         if not wait_healthy(children, console):
             return 1
         _print_addresses(children, run_dir, console)
+        if mesh:
+            control_plane = next(c for c in children if c.name == "control-plane")
+            console.print(
+                f"mesh: router -> xds:///tier-NAME; topology {run_dir / 'logs' / 'topology.yaml'} "
+                f"(edits are served); tiermesh mesh status --address {control_plane.address}"
+            )
         if demo_prompt and not stop_requested:
             _demo(children[-1].address, demo_prompt, console)
         console.print("[dim]serving; Ctrl-C stops every service[/dim]")

@@ -16,9 +16,11 @@ from typing import Any
 
 import grpc
 from google.protobuf.json_format import MessageToDict
+from opentelemetry import trace
 from tiermesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 from services.common import env
+from services.common.telemetry import end_span, inject_metadata, tracer
 
 MODES = {
     "routed": router_pb2.MODE_ROUTED,
@@ -193,6 +195,22 @@ def _result(events: list[Event]) -> ChatResult:
     return ChatResult(final.text, final.tier, final.revision, final, events)
 
 
+def _client_span(request: router_pb2.ChatRequest) -> tuple[trace.Span, list[tuple[str, str]]]:
+    """The SDK's client span for one chat, and the metadata carrying its trace context."""
+    span = tracer().start_span(
+        "chat",
+        kind=trace.SpanKind.CLIENT,
+        attributes={
+            "rpc.system": "grpc",
+            "rpc.service": "tiermesh.v1.RouterService",
+            "rpc.method": "Chat",
+            "gen_ai.operation.name": "chat",
+            "tiermesh.mode": MODE_NAMES.get(request.mode, "routed"),
+        },
+    )
+    return span, inject_metadata(trace.set_span_in_context(span))
+
+
 def _chat_error(error: grpc.RpcError) -> ChatError:
     code = error.code()
     return ChatError(code.name if code else "UNKNOWN", error.details() or "")
@@ -208,14 +226,20 @@ class AsyncRouterClient:
         self, prompt: str | None = None, *, timeout: float | None = None, **options: Any
     ) -> AsyncIterator[Event]:
         """The chat's events as they arrive; leaving the loop early cancels the chat."""
-        call = self._stub.Chat(build_request(prompt, **options), timeout=timeout)
+        request = build_request(prompt, **options)
+        span, metadata = _client_span(request)
+        call = self._stub.Chat(request, timeout=timeout, metadata=metadata)
+        code = "CANCELLED"
         try:
             async for event in call:
                 yield event_from_proto(event)
+            code = "OK"
         except grpc.aio.AioRpcError as e:
+            code = e.code().name
             raise _chat_error(e) from None
         finally:
             call.cancel()
+            end_span(span, code)
 
     async def chat(
         self, prompt: str | None = None, *, timeout: float | None = None, **options: Any
@@ -250,14 +274,20 @@ class RouterClient:
         self, prompt: str | None = None, *, timeout: float | None = None, **options: Any
     ) -> Iterator[Event]:
         """The chat's events as they arrive; leaving the loop early cancels the chat."""
-        call = self._stub.Chat(build_request(prompt, **options), timeout=timeout)
+        request = build_request(prompt, **options)
+        span, metadata = _client_span(request)
+        call = self._stub.Chat(request, timeout=timeout, metadata=metadata)
+        code = "CANCELLED"
         try:
             for event in call:
                 yield event_from_proto(event)
+            code = "OK"
         except grpc.RpcError as e:
+            code = e.code().name if e.code() else "UNKNOWN"
             raise _chat_error(e) from None
         finally:
             call.cancel()
+            end_span(span, code)
 
     def chat(
         self, prompt: str | None = None, *, timeout: float | None = None, **options: Any

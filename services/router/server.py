@@ -23,6 +23,7 @@ from services.common.grpc_service import (
     serve_until_signalled,
     start_server,
 )
+from services.common.telemetry import setup_telemetry
 from services.router.policy import create_policy
 from services.router.servicer import RouterServicer
 from services.router.tier_calls import TierChannels
@@ -79,9 +80,11 @@ def parse_tier_targets(values: list[str]) -> dict[str, str] | None:
 
 
 async def _serve(config: RouterConfig) -> None:
+    telemetry = setup_telemetry("router", prometheus_port=config.metrics_port)
     router = await start_router(config)
     log.info("router on %s, tiers %s", router.address, config.tiers)
     await serve_until_signalled(router.running, config.drain_grace_s, router.channels.close)
+    telemetry.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,21 +92,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="router config (TOML)")
     parser.add_argument("--port", type=int, help="override the config's port")
     parser.add_argument("--host", help="override the config's host")
+    parser.add_argument("--metrics-port", type=int, help="override the config's metrics_port")
     parser.add_argument(
         "--tier", action="append", default=[], help="NAME=TARGET, overrides one tier's address"
     )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         overrides = parse_tier_targets(args.tier)
-        config = load_config(RouterConfig, args.config, port=args.port, host=args.host)
+        options = {"port": args.port, "host": args.host, "metrics_port": args.metrics_port}
+        config = load_config(RouterConfig, args.config, **options)
         if overrides:
-            config = load_config(
-                RouterConfig,
-                args.config,
-                port=args.port,
-                host=args.host,
-                tiers={**config.tiers, **overrides},
-            )
+            tiers = {**config.tiers, **overrides}
+            config = load_config(RouterConfig, args.config, **options, tiers=tiers)
         configure_logging("router", env.log_level())
         asyncio.run(_serve(config))
     except TiermeshError as e:

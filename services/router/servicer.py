@@ -6,7 +6,9 @@ relayed with the tier's own status code.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -25,6 +27,7 @@ from services.common.validation import (
     conversation,
 )
 from services.router.chat_session import ChatPlan, ChatSession, SessionClock, UpstreamFailed
+from services.router.chat_telemetry import ChatTelemetry
 from services.router.policy import RoutingInput, RoutingPolicy
 from services.router.tier_calls import TierChannels
 
@@ -106,19 +109,26 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self, request: router_pb2.ChatRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[router_pb2.ChatEvent]:
         clock = SessionClock()
+        start_ns = time.time_ns()
+        telemetry = ChatTelemetry(context.invocation_metadata())
+        code, message = "OK", ""
         if self.inflight >= self._config.max_inflight:
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            code = "RESOURCE_EXHAUSTED"
+            message = (
                 f"router at capacity: {self.inflight} chats in flight "
-                f"(limit {self._config.max_inflight})",
+                f"(limit {self._config.max_inflight})"
             )
+            telemetry.finish(code, message)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
         self.inflight += 1
         try:
             try:
                 plan = self.plan(request)
             except TiermeshError as e:
+                code, message = e.status, str(e)
                 await context.abort(status_code(e), str(e))
             clock.route_ms = clock.ms()
+            telemetry.route(plan.decision, plan.generate.max_tokens, start_ns)
             self._remember(plan.request_id)
             session = ChatSession(
                 plan,
@@ -126,14 +136,20 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 self._config.refine_budget_ms / 1000,
                 context.time_remaining(),
                 clock,
+                telemetry,
             )
             try:
                 async for event in session.events():
                     yield event
             except UpstreamFailed as e:
+                code, message = e.code.name, e.details
                 await context.abort(e.code, e.details)
+        except (asyncio.CancelledError, GeneratorExit):
+            code = "CANCELLED"
+            raise
         finally:
             self.inflight -= 1
+            telemetry.finish(code, message)
 
     def _remember(self, request_id: str) -> None:
         self._recent[request_id] = None

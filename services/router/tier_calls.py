@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator, Mapping
 import grpc
 from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
 
+from services.router.chat_telemetry import TierCallSpan
+
 CHANNEL_OPTIONS = [("grpc.enable_retries", 0)]
 
 
@@ -44,11 +46,14 @@ class TierCall:
         tier: str,
         request: tier_pb2.GenerateRequest,
         timeout_s: float | None,
+        span: TierCallSpan | None = None,
     ) -> None:
         self.tier = tier
         self.timeout_s = timeout_s
         self.started = time.perf_counter()
-        self.call = channels.stub(tier).Generate(request, timeout=timeout_s)
+        self._span = span
+        metadata = span.metadata if span is not None else None
+        self.call = channels.stub(tier).Generate(request, timeout=timeout_s, metadata=metadata)
         self.text = ""
         self.usage: common_pb2.Usage | None = None
         self.finish_reason = ""
@@ -57,12 +62,21 @@ class TierCall:
 
     async def chunks(self) -> AsyncIterator[tier_pb2.GenerateChunk]:
         """The tier's chunks; raises grpc.aio.AioRpcError with the tier's status on failure."""
-        async for chunk in self.call:
-            self.text += chunk.text
-            if chunk.finish_reason:
-                self.finish_reason = chunk.finish_reason
-                self.usage = chunk.usage
-            yield chunk
+        try:
+            async for chunk in self.call:
+                self.text += chunk.text
+                if chunk.finish_reason:
+                    self.finish_reason = chunk.finish_reason
+                    self.usage = chunk.usage
+                yield chunk
+        except grpc.aio.AioRpcError as e:
+            self._end_span(e.code().name, e.details() or "")
+            raise
+        self._end_span("OK")
+
+    def _end_span(self, code: str, message: str = "") -> None:
+        if self._span is not None:
+            self._span.end(code, message, self.usage)
 
     @property
     def finished(self) -> bool:
@@ -73,3 +87,5 @@ class TierCall:
         if not self.call.done():
             self.cancelled = True
             self.call.cancel()
+        if not self.finished:
+            self._end_span("CANCELLED", "cancelled by the router")

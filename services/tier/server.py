@@ -23,6 +23,7 @@ from services.common.grpc_service import (
     serve_until_signalled,
     start_server,
 )
+from services.common.telemetry import setup_telemetry
 from services.tier.engine import Engine
 from services.tier.factory import create_engine
 from services.tier.servicer import TierServicer
@@ -79,13 +80,16 @@ def parse_args(argv: list[str], default_config: Path) -> argparse.Namespace:
     parser.add_argument("--host", help="override the config's host")
     parser.add_argument("--model", type=Path, help="override the config's model_path")
     parser.add_argument("--device", help="override the config's device (cpu, cuda, cuda:N)")
+    parser.add_argument("--metrics-port", type=int, help="override the config's metrics_port")
     return parser.parse_args(argv)
 
 
 async def _serve(config: TierConfig) -> None:
+    telemetry = setup_telemetry(f"tier-{config.name}", prometheus_port=config.metrics_port)
     tier = await start_tier(config)
     log.info("tier %s serving %s on %s", config.name, config.model_path, tier.address)
     await serve_until_signalled(tier.running, config.drain_grace_s, tier.engine.shutdown)
+    telemetry.shutdown()
 
 
 def main(default_config: Path, argv: list[str] | None = None) -> int:
@@ -93,7 +97,12 @@ def main(default_config: Path, argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv, default_config)
     try:
         config = load_config(
-            TierConfig, args.config, port=args.port, host=args.host, device=args.device
+            TierConfig,
+            args.config,
+            port=args.port,
+            host=args.host,
+            device=args.device,
+            metrics_port=args.metrics_port,
         )
         if args.model is not None:
             config = replace(config, model_path=args.model)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -17,6 +18,7 @@ from services.common.errors import InvalidArgument, TiermeshError
 from services.common.grpc_service import status_code
 from services.common.validation import check_max_tokens, check_request_id, check_sampling
 from services.tier.engine import Engine, GenerationRequest, GenerationUsage, Sampling
+from services.tier.tier_telemetry import TierTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
         self._tier = tier
         self._engine = engine
         self._max_tokens = max_tokens
+        self._telemetry = TierTelemetry(tier, engine)
 
     def _request(self, request: tier_pb2.GenerateRequest) -> GenerationRequest:
         if not request.request_id:
@@ -74,11 +77,21 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
     async def Generate(
         self, request: tier_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[tier_pb2.GenerateChunk]:
+        received_ns = time.time_ns()
+        span = self._telemetry.start(context.invocation_metadata(), request.request_id)
+        generation: GenerationRequest | None = None
+        first_token_ns: int | None = None
+        usage: GenerationUsage | None = None
+        finish: str | None = None
+        status, message = "OK", ""
         try:
             generation = self._request(request)
             stream = self._engine.generate(generation)
             async with contextlib.aclosing(stream):  # type: ignore[type-var]
                 async for chunk in stream:
+                    if first_token_ns is None:
+                        first_token_ns = time.time_ns()
+                    usage, finish = chunk.usage or usage, chunk.finish_reason or finish
                     yield tier_pb2.GenerateChunk(
                         token_ids=chunk.token_ids,
                         text=chunk.text,
@@ -87,10 +100,20 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
                         usage=usage_to_proto(chunk.usage) if chunk.usage else None,
                     )
         except TiermeshError as e:
+            status, message = e.status, str(e)
             await context.abort(status_code(e), str(e))
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):
+            status = "CANCELLED"
             await self._engine.abort(request.request_id)
             raise
+        except Exception as e:
+            if not isinstance(e, grpc.aio.AbortError):
+                status, message = "INTERNAL", str(e)
+            raise
+        finally:
+            self._telemetry.finish(
+                span, generation, received_ns, first_token_ns, usage, finish, status, message
+            )
 
     def _status(self) -> tier_pb2.TierStatus:
         load = self._engine.load()

@@ -1,0 +1,212 @@
+"""The one place that sets up OpenTelemetry for a tiermesh process, from the standard `OTEL_*`
+settings, plus the helpers every service uses to carry W3C trace context over gRPC metadata.
+
+Exporters: OTLP over gRPC (traces and metrics) when OTEL_EXPORTER_OTLP_ENDPOINT is set; a
+console span exporter when OTEL_TRACES_EXPORTER=console; a JSON-lines span file when
+TIERMESH_TRACE_FILE is set (what `tiermesh trace` reads); a Prometheus scrape endpoint when the
+service's config gives a metrics port. With none of these, no provider is installed and the
+OpenTelemetry API stays a no-op. Services call `setup_telemetry` once and never configure
+OpenTelemetry themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import metrics, propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+
+log = logging.getLogger(__name__)
+
+INSTRUMENTATION = "tiermesh"
+
+
+def tracer() -> trace.Tracer:
+    return trace.get_tracer(INSTRUMENTATION)
+
+
+def meter() -> metrics.Meter:
+    return metrics.get_meter(INSTRUMENTATION)
+
+
+def inject_metadata(context: Context | None = None) -> list[tuple[str, str]]:
+    """gRPC metadata carrying a trace context (traceparent, tracestate): `context`, or the
+    current one."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=context)
+    return list(carrier.items())
+
+
+def end_span(span: trace.Span, code_name: str, message: str = "") -> None:
+    """Ends a span with the gRPC status it finished with (OK, CANCELLED, UNAVAILABLE, ...)."""
+    from opentelemetry.trace import Status, StatusCode
+
+    span.set_attribute("rpc.grpc.status_code", _GRPC_CODES.get(code_name, 2))
+    if code_name == "OK":
+        span.set_status(Status(StatusCode.OK))
+    else:
+        span.set_status(
+            Status(StatusCode.ERROR, f"{code_name}: {message}" if message else code_name)
+        )
+    span.end()
+
+
+_GRPC_CODES = {
+    "OK": 0,
+    "CANCELLED": 1,
+    "UNKNOWN": 2,
+    "INVALID_ARGUMENT": 3,
+    "DEADLINE_EXCEEDED": 4,
+    "NOT_FOUND": 5,
+    "RESOURCE_EXHAUSTED": 8,
+    "ABORTED": 10,
+    "INTERNAL": 13,
+    "UNAVAILABLE": 14,
+}
+
+
+def extract_context(metadata: Sequence[tuple[str, Any]] | None) -> Context:
+    """The trace context a caller sent in its gRPC metadata (empty context if none)."""
+    carrier = {key: str(value) for key, value in (metadata or ())}
+    return propagate.extract(carrier)
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Appends one JSON object per finished span to a file (what `tiermesh trace` reads).
+
+    Bounded: past max_bytes the file moves to `<path>.1` (replacing the older one) and a new
+    one starts. Safe across processes appending to the same file (one write per batch)."""
+
+    def __init__(self, path: str, max_bytes: int = 32 * 1024 * 1024) -> None:
+        self._path = path
+        self._max_bytes = max_bytes
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        lines = "".join(json.dumps(span_record(span)) + "\n" for span in spans)
+        with self._lock:
+            try:
+                if os.path.getsize(self._path) > self._max_bytes:
+                    os.replace(self._path, self._path + ".1")
+            except OSError:
+                pass
+            with open(self._path, "a", encoding="utf-8") as f:
+                f.write(lines)
+        return SpanExportResult.SUCCESS
+
+
+def span_record(span: ReadableSpan) -> dict[str, Any]:
+    context = span.get_span_context()
+    parent = span.parent
+    return {
+        "trace_id": format(context.trace_id, "032x") if context else "",
+        "span_id": format(context.span_id, "016x") if context else "",
+        "parent_id": format(parent.span_id, "016x") if parent else None,
+        "name": span.name,
+        "service": span.resource.attributes.get("service.name", ""),
+        "start_ns": span.start_time,
+        "end_ns": span.end_time,
+        "status": span.status.status_code.name,
+        "attributes": {k: _plain(v) for k, v in (span.attributes or {}).items()},
+    }
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+@dataclass
+class Telemetry:
+    """What setup_telemetry installed; shutdown() flushes and stops the exporters."""
+
+    tracer_provider: TracerProvider | None = None
+    meter_provider: MeterProvider | None = None
+    exporters: list[str] = field(default_factory=list)
+
+    def shutdown(self) -> None:
+        if self.tracer_provider is not None:
+            self.tracer_provider.shutdown()
+        if self.meter_provider is not None:
+            self.meter_provider.shutdown()
+
+
+def setup_telemetry(
+    service_name: str,
+    *,
+    prometheus_port: int = 0,
+    span_exporter: SpanExporter | None = None,
+    metric_reader: MetricReader | None = None,
+) -> Telemetry:
+    """Installs tracer and meter providers for this process, as the environment asks.
+
+    `span_exporter` / `metric_reader` add one more destination (tests pass in-memory ones).
+    Returns an empty Telemetry, installing nothing, when no destination is configured.
+    """
+    env = os.environ
+    resource = Resource.create({"service.name": service_name, "service.namespace": "tiermesh"})
+    telemetry = Telemetry()
+    endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+    )
+    processors: list[Any] = []
+    if endpoint:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        processors.append(BatchSpanProcessor(OTLPSpanExporter()))
+        telemetry.exporters.append(f"otlp:{endpoint}")
+    if env.get("OTEL_TRACES_EXPORTER", "") == "console":
+        processors.append(SimpleSpanProcessor(ConsoleSpanExporter()))
+        telemetry.exporters.append("console")
+    trace_file = env.get("TIERMESH_TRACE_FILE")
+    if trace_file:
+        processors.append(
+            BatchSpanProcessor(JsonLinesSpanExporter(trace_file), schedule_delay_millis=200)
+        )
+        telemetry.exporters.append(f"file:{trace_file}")
+    if span_exporter is not None:
+        processors.append(SimpleSpanProcessor(span_exporter))
+    if processors:
+        provider = TracerProvider(resource=resource)
+        for processor in processors:
+            provider.add_span_processor(processor)
+        trace.set_tracer_provider(provider)
+        telemetry.tracer_provider = provider
+
+    readers: list[MetricReader] = []
+    if endpoint or env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+    if prometheus_port:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import start_http_server
+
+        start_http_server(prometheus_port, addr="127.0.0.1")
+        readers.append(PrometheusMetricReader())
+        telemetry.exporters.append(f"prometheus::{prometheus_port}/metrics")
+    if metric_reader is not None:
+        readers.append(metric_reader)
+    if readers:
+        meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+        metrics.set_meter_provider(meter_provider)
+        telemetry.meter_provider = meter_provider
+    if telemetry.exporters:
+        log.info("telemetry for %s: %s", service_name, ", ".join(telemetry.exporters))
+    return telemetry

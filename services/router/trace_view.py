@@ -1,0 +1,118 @@
+"""`tiermesh trace`: shows the span tree of a recent request from the JSON-lines span file the
+services write (TIERMESH_TRACE_FILE; `tiermesh run` sets it), with each span's offset and
+duration. Needs no tracing backend. Knows the file's records, not OpenTelemetry's SDK.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.tree import Tree
+
+from services.common import env
+
+ROOT_NAMES = ("chat", "router Chat")
+
+
+def default_trace_file() -> Path:
+    return Path(os.environ.get("TIERMESH_TRACE_FILE") or Path(env.run_dir()) / "traces.jsonl")
+
+
+def load_spans(path: Path) -> list[dict[str, Any]]:
+    spans = []
+    for candidate in (Path(f"{path}.1"), path):
+        if candidate.is_file():
+            for line in candidate.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    spans.append(json.loads(line))
+    return spans
+
+
+def pick_trace(
+    spans: list[dict[str, Any]], request_id: str | None, trace_id: str | None
+) -> list[dict[str, Any]]:
+    """The spans of one trace: by trace id, by request id, or the latest chat."""
+    if trace_id is None:
+        candidates = [
+            s
+            for s in spans
+            if s["name"] in ROOT_NAMES
+            and (request_id is None or s["attributes"].get("tiermesh.request_id") == request_id)
+        ]
+        if not candidates:
+            return []
+        trace_id = max(candidates, key=lambda s: s["start_ns"])["trace_id"]
+    return [s for s in spans if s["trace_id"] == trace_id]
+
+
+def build_tree(spans: list[dict[str, Any]]) -> Tree:
+    by_parent: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
+    ids = {s["span_id"] for s in spans}
+    for span in spans:
+        parent = span["parent_id"] if span["parent_id"] in ids else None
+        by_parent[parent].append(span)
+    start = min(s["start_ns"] for s in spans)
+    trace_id = spans[0]["trace_id"]
+    tree = Tree(f"trace {trace_id}")
+
+    def add(node: Tree, parent: str | None) -> None:
+        for span in sorted(by_parent.get(parent, []), key=lambda s: s["start_ns"]):
+            offset = (span["start_ns"] - start) / 1e6
+            duration = (span["end_ns"] - span["start_ns"]) / 1e6
+            status = "" if span["status"] in ("OK", "UNSET") else f" [red]{span['status']}[/red]"
+            detail = _detail(span["attributes"])
+            label = (
+                f"[bold]{span['name']}[/bold] [dim]{span['service']}[/dim] "
+                f"+{offset:.1f} ms, {duration:.1f} ms{status}{detail}"
+            )
+            add(node.add(label), span["span_id"])
+
+    add(tree, None)
+    return tree
+
+
+def _detail(attributes: dict[str, Any]) -> str:
+    keys = (
+        "tiermesh.mode",
+        "tiermesh.policy",
+        "tiermesh.tier",
+        "tiermesh.revision",
+        "gen_ai.usage.output_tokens",
+        "gen_ai.response.finish_reasons",
+        "tiermesh.final.reason",
+    )
+    parts = [f"{k.split('.')[-1]}={attributes[k]}" for k in keys if k in attributes]
+    return f" [cyan]{' '.join(parts)}[/cyan]" if parts else ""
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    console = Console()
+    path = args.file or default_trace_file()
+    spans = load_spans(path)
+    if not spans:
+        console.print(f"[red]tiermesh trace:[/red] no spans in {path} (is the mesh running?)")
+        return 1
+    chosen = pick_trace(spans, args.request_id, args.trace_id)
+    if not chosen:
+        console.print("[red]tiermesh trace:[/red] no matching trace")
+        return 1
+    if args.json:
+        print(json.dumps(sorted(chosen, key=lambda s: s["start_ns"])))
+    else:
+        console.print(build_tree(chosen))
+    return 0
+
+
+def register(commands: Any) -> None:
+    trace = commands.add_parser("trace", help="show the span tree of a recent request")
+    trace.add_argument("--file", type=Path, help="span file (default: $TIERMESH_TRACE_FILE)")
+    trace.add_argument("--request-id", help="the chat's request id (default: the latest chat)")
+    trace.add_argument("--trace-id", help="a trace id (32 hex digits)")
+    trace.add_argument("--json", action="store_true", help="the spans as one JSON list")
+    trace.set_defaults(func=cmd_trace)

@@ -1,0 +1,118 @@
+"""Traces and metrics of one tier: the Generate server span with GenAI attributes, the engine's
+queue / prefill / decode spans (timed from the request's usage), TTFT and time-per-token
+histograms, and load gauges. Knows OpenTelemetry and the engine's plain types; not gRPC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import SpanKind
+
+from services.common.telemetry import end_span, extract_context, meter, tracer
+from services.tier.engine import Engine, GenerationRequest, GenerationUsage
+
+MS = 1_000_000  # nanoseconds per millisecond
+
+
+class TierTelemetry:
+    def __init__(self, tier: str, engine: Engine) -> None:
+        self._tier = tier
+        self._engine = engine
+        m = meter()
+        self.ttft = m.create_histogram(
+            "gen_ai.server.time_to_first_token", unit="s", description="Time to first token"
+        )
+        self.tpot = m.create_histogram(
+            "gen_ai.server.time_per_output_token", unit="s", description="Time per output token"
+        )
+        self.requests = m.create_counter(
+            "tiermesh.tier.requests", description="Generate calls by final gRPC status"
+        )
+        for name, field, description in (
+            ("tiermesh.tier.queue_depth", "queued", "Requests waiting for a running slot"),
+            ("tiermesh.tier.running", "running", "Requests decoding"),
+            ("tiermesh.tier.kv_pool.used", "kv_pool_used_tokens", "KV positions in use"),
+            ("tiermesh.tier.kv_pool.capacity", "kv_pool_capacity_tokens", "KV positions"),
+        ):
+            m.create_observable_gauge(name, callbacks=[self._gauge(field)], description=description)
+
+    def _gauge(self, field: str) -> Any:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            yield Observation(getattr(self._engine.load(), field), {"tiermesh.tier": self._tier})
+
+        return observe
+
+    def start(self, metadata: Sequence[tuple[str, Any]] | None, request_id: str) -> trace.Span:
+        load = self._engine.load()
+        return tracer().start_span(
+            f"tier {self._tier} Generate",
+            context=extract_context(metadata),
+            kind=SpanKind.SERVER,
+            attributes={
+                "rpc.system": "grpc",
+                "rpc.service": "tiermesh.v1.TierService",
+                "rpc.method": "Generate",
+                "gen_ai.operation.name": "chat",
+                "gen_ai.request.model": load.model,
+                "tiermesh.tier": self._tier,
+                "tiermesh.request_id": request_id,
+            },
+        )
+
+    def finish(
+        self,
+        span: trace.Span,
+        request: GenerationRequest | None,
+        received_ns: int,
+        first_token_ns: int | None,
+        usage: GenerationUsage | None,
+        finish_reason: str | None,
+        status: str,
+        message: str = "",
+    ) -> None:
+        """Adds the engine phase spans and metrics, then ends the server span."""
+        attributes = {"tiermesh.tier": self._tier}
+        if request is not None:
+            span.set_attribute("gen_ai.request.max_tokens", request.max_tokens)
+            span.set_attribute("gen_ai.request.temperature", request.sampling.temperature)
+        context = trace.set_span_in_context(span)
+        now = _now_ns()
+        if usage is not None:
+            queued = received_ns + int(usage.queue_ms * MS)
+            first = received_ns + int(usage.ttft_ms * MS)
+            last = received_ns + int(usage.total_ms * MS)
+            span.set_attribute("gen_ai.usage.input_tokens", usage.prompt_tokens)
+            span.set_attribute("gen_ai.usage.output_tokens", usage.completion_tokens)
+            self._phase("engine queue", context, received_ns, queued)
+            self._phase("engine prefill", context, queued, first)
+            self._phase("engine decode", context, first, last, usage.completion_tokens)
+            self.ttft.record(usage.ttft_ms / 1000, attributes)
+            if usage.completion_tokens > 1:
+                per_token = (usage.total_ms - usage.ttft_ms) / (usage.completion_tokens - 1)
+                self.tpot.record(per_token / 1000, attributes)
+        elif first_token_ns is not None:  # cut short: the split of queue and prefill is unknown
+            self._phase("engine queue+prefill", context, received_ns, first_token_ns)
+            self._phase("engine decode", context, first_token_ns, now)
+        if finish_reason:
+            span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
+        self.requests.add(1, {**attributes, "rpc.grpc.status": status})
+        end_span(span, status, message)
+
+    def _phase(
+        self, name: str, context: Any, start_ns: int, end_ns: int, tokens: int | None = None
+    ) -> None:
+        span = tracer().start_span(name, context=context, start_time=start_ns)
+        span.set_attribute("tiermesh.tier", self._tier)
+        if tokens is not None:
+            span.set_attribute("gen_ai.usage.output_tokens", tokens)
+        span.end(end_time=max(start_ns, end_ns))
+
+
+def _now_ns() -> int:
+    import time
+
+    return time.time_ns()

@@ -1,0 +1,156 @@
+"""OpenTelemetry across SDK -> router -> tier -> engine, with in-memory exporters and real
+servers on port 0: one trace, correct parents, GenAI attributes, cancelled spans, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from services.common.telemetry import setup_telemetry
+from services.router.sdk import AsyncRouterClient, DeltaEvent
+from tests.integration.mesh import Mesh, start_mesh
+
+PROMPT = "What is your return policy?"
+
+
+@pytest.fixture(scope="session")
+def captured() -> tuple[InMemorySpanExporter, InMemoryMetricReader]:
+    """Process-wide providers (OpenTelemetry allows setting them once per process)."""
+    spans, metrics = InMemorySpanExporter(), InMemoryMetricReader()
+    setup_telemetry("tiermesh-test", span_exporter=spans, metric_reader=metrics)
+    return spans, metrics
+
+
+@pytest.fixture
+def spans(captured: tuple[InMemorySpanExporter, InMemoryMetricReader]) -> Iterator[Any]:
+    exporter = captured[0]
+    exporter.clear()
+    yield exporter
+    exporter.clear()
+
+
+@pytest.fixture
+async def mesh(tiny_model_dir: Path, spans: Any) -> AsyncIterator[Mesh]:
+    mesh = await start_mesh(
+        tiny_model_dir, tier_options={"max_tokens": 400}, router_options={"max_tokens": 400}
+    )
+    yield mesh
+    await mesh.stop()
+
+
+def by_name(finished: tuple[ReadableSpan, ...], name: str, kind: SpanKind) -> ReadableSpan:
+    matches = [s for s in finished if s.name == name and s.kind == kind]
+    assert len(matches) == 1, [(s.name, s.kind) for s in finished]
+    return matches[0]
+
+
+async def test_one_trace_from_sdk_to_engine(mesh: Mesh, spans: InMemorySpanExporter) -> None:
+    async with AsyncRouterClient(mesh.address) as client:
+        result = await client.chat(PROMPT, mode="progressive", max_tokens=12)
+    await asyncio.sleep(0.1)  # the tiers end their spans after the last message is sent
+    finished = spans.get_finished_spans()
+    assert len({s.context.trace_id for s in finished}) == 1
+    sdk = by_name(finished, "chat", SpanKind.CLIENT)
+    chat = by_name(finished, "router Chat", SpanKind.SERVER)
+    assert sdk.parent is None
+    assert chat.parent is not None and chat.parent.span_id == sdk.context.span_id
+    route = by_name(finished, "route", SpanKind.INTERNAL)
+    assert route.parent is not None and route.parent.span_id == chat.context.span_id
+    for tier, revision in (("small", 0), ("large", 1)):
+        client_span = by_name(finished, f"tier {tier} Generate", SpanKind.CLIENT)
+        server_span = by_name(finished, f"tier {tier} Generate", SpanKind.SERVER)
+        assert client_span.parent is not None
+        assert client_span.parent.span_id == chat.context.span_id
+        assert server_span.parent is not None
+        assert server_span.parent.span_id == client_span.context.span_id
+        phases = {
+            s.name for s in finished if s.parent and s.parent.span_id == server_span.context.span_id
+        }
+        assert phases == {"engine queue", "engine prefill", "engine decode"}
+        attributes = server_span.attributes or {}
+        assert attributes["gen_ai.operation.name"] == "chat"
+        assert attributes["gen_ai.request.max_tokens"] == 12
+        assert attributes["gen_ai.usage.output_tokens"] > 0
+        assert attributes["gen_ai.usage.input_tokens"] > 0
+        assert tuple(attributes["gen_ai.response.finish_reasons"]) in (("stop",), ("length",))
+        assert attributes["tiermesh.tier"] == tier
+        revision_span = by_name(finished, f"revision {revision}", SpanKind.INTERNAL)
+        assert (revision_span.attributes or {})["tiermesh.tier"] == tier
+        assert server_span.status.status_code == StatusCode.OK
+    chat_attributes = chat.attributes or {}
+    assert chat_attributes["tiermesh.mode"] == "progressive"
+    assert chat_attributes["tiermesh.policy"] == "progressive"
+    assert chat_attributes["tiermesh.final.revision"] == result.revision
+
+
+async def test_cancelled_stream_spans_end_promptly_as_cancelled(
+    mesh: Mesh, spans: InMemorySpanExporter
+) -> None:
+    async with AsyncRouterClient(mesh.address) as client:
+        stream = client.chat_stream(PROMPT, mode="progressive", max_tokens=400)
+        async for event in stream:
+            if isinstance(event, DeltaEvent):
+                break
+        await stream.aclose()
+    wanted = {("router Chat", SpanKind.SERVER), ("tier small Generate", SpanKind.SERVER)}
+    for _ in range(100):  # at most 2 s
+        done = {(s.name, s.kind) for s in spans.get_finished_spans()}
+        if wanted <= done:
+            break
+        await asyncio.sleep(0.02)
+    finished = spans.get_finished_spans()
+    for name, kind in sorted(wanted):
+        span = by_name(finished, name, kind)
+        assert span.status.status_code == StatusCode.ERROR
+        assert (span.attributes or {})["rpc.grpc.status_code"] == 1  # CANCELLED
+    sdk = by_name(finished, "chat", SpanKind.CLIENT)
+    assert (sdk.attributes or {})["rpc.grpc.status_code"] == 1
+
+
+def _metric_points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
+    points: dict[str, list[Any]] = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else []:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                points.setdefault(metric.name, []).extend(metric.data.data_points)
+    return points
+
+
+async def test_metrics_recorded_for_a_progressive_chat(
+    mesh: Mesh, captured: tuple[InMemorySpanExporter, InMemoryMetricReader]
+) -> None:
+    reader = captured[1]
+    reader.get_metrics_data()  # start from a clean slate of cumulative values
+    async with AsyncRouterClient(mesh.address) as client:
+        await client.chat(PROMPT, mode="progressive", max_tokens=8)
+    await asyncio.sleep(0.1)
+    points = _metric_points(reader)
+    for name in (
+        "gen_ai.server.time_to_first_token",
+        "gen_ai.server.time_per_output_token",
+        "gen_ai.client.token.usage",
+        "tiermesh.chat.time_to_first_draft",
+        "tiermesh.chat.time_to_final",
+        "tiermesh.chat.revisions",
+        "tiermesh.chat.refinements",
+        "tiermesh.route.decisions",
+        "tiermesh.tier.queue_depth",
+        "tiermesh.tier.kv_pool.used",
+    ):
+        assert points.get(name), f"{name} not recorded; have {sorted(points)}"
+    outcomes = {dict(p.attributes)["tiermesh.outcome"] for p in points["tiermesh.chat.refinements"]}
+    assert "completed" in outcomes
+    decisions = {
+        (dict(p.attributes)["tiermesh.mode"], dict(p.attributes)["tiermesh.tier"])
+        for p in points["tiermesh.route.decisions"]
+    }
+    assert ("progressive", "large") in decisions
