@@ -1,5 +1,6 @@
-"""End to end through the console script: `tiermesh run` in a child process, then
-`tiermesh chat --json` against it, then SIGTERM stops every service."""
+"""End to end through the console script: `tiermesh run` in a child process (exporting spans to
+a real OTLP/gRPC receiver in this test), then `tiermesh chat --json` against it, `tiermesh trace`
+on its span file, then SIGTERM stops every service."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from tests.tiny_model import build_tiny_model
 
@@ -38,11 +41,46 @@ def _free_base_port() -> int:
     raise RuntimeError("no free port layout found")
 
 
+class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
+    """A minimal OTLP/gRPC trace receiver: keeps (service, trace id, span name) triples."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, str, str]] = []
+
+    def Export(self, request, context):
+        for resource_spans in request.resource_spans:
+            attributes = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+            for scope in resource_spans.scope_spans:
+                for span in scope.spans:
+                    service = attributes.get("service.name", "")
+                    self.spans.append((service, span.trace_id.hex(), span.name))
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
 @pytest.fixture
-def mesh_process(tiny_model_dir: Path, tmp_path: Path):
+def otlp_receiver():
+    from concurrent.futures import ThreadPoolExecutor
+
+    receiver = OtlpReceiver()
+    server = grpc.server(ThreadPoolExecutor(max_workers=4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield receiver, f"http://127.0.0.1:{port}"
+    server.stop(0)
+
+
+@pytest.fixture
+def mesh_process(tiny_model_dir: Path, tmp_path: Path, otlp_receiver):
     other = build_tiny_model(tmp_path / "large-model", seed=7)
     base = _free_base_port()
-    env = {**os.environ, "TIERMESH_RUN_DIR": str(tmp_path / "run")}
+    env = {
+        **os.environ,
+        "TIERMESH_RUN_DIR": str(tmp_path / "run"),
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver[1],
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+    }
     command = [
         *TIERMESH,
         "run",
@@ -72,7 +110,7 @@ def mesh_process(tiny_model_dir: Path, tmp_path: Path):
     else:
         process.kill()
     assert process.poll() is None, "".join(output)
-    yield process, f"127.0.0.1:{base}", output
+    yield process, f"127.0.0.1:{base}", output, otlp_receiver[0], tmp_path / "run"
     if process.poll() is None:  # the test failed midway: stop the mesh the normal way first
         process.send_signal(signal.SIGTERM)
         try:
@@ -83,7 +121,7 @@ def mesh_process(tiny_model_dir: Path, tmp_path: Path):
 
 
 def test_run_then_chat_json_then_sigterm(mesh_process) -> None:
-    process, router, output = mesh_process
+    process, router, output, receiver, run_dir = mesh_process
     assert "tiermesh is up" in "".join(output)
     args = ["--mode", "progressive", "--json", "--max-tokens", "16", "What is your return policy?"]
     chat = subprocess.run(
@@ -106,6 +144,28 @@ def test_run_then_chat_json_then_sigterm(mesh_process) -> None:
     assert [e["t_ms"] for e in events] == sorted(e["t_ms"] for e in events)
     revision1 = "".join(e["text"] for e in events if e["type"] == "delta" and e["revision"] == 1)
     assert events[-1]["revision"] == 1 and events[-1]["text"] == revision1
+
+    # The chat's spans reach the OTLP receiver from the router and both tiers, in one trace.
+    request_id = events[0]["request_id"]
+    trace_cmd = [*TIERMESH, "trace", "--json", "--file", str(run_dir / "traces.jsonl")]
+    trace_cmd += ["--request-id", request_id]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        routers = [s for s in receiver.spans if s[0] == "router" and s[2] == "router Chat"]
+        if routers:
+            trace_id = routers[-1][1]
+            services = {s[0] for s in receiver.spans if s[1] == trace_id}
+            if {"router", "tier-small", "tier-large"} <= services:
+                break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"spans not exported: {receiver.spans}")
+    shown = subprocess.run(trace_cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    local = json.loads(shown.stdout)
+    assert {s["trace_id"] for s in local} == {trace_id}
+    assert {"router", "tier-small", "tier-large"} <= {s["service"] for s in local}
+    assert {"route", "revision 0", "revision 1", "engine decode"} <= {s["name"] for s in local}
 
     bad = subprocess.run(
         [*TIERMESH, "chat", "--router", router, "--json", "--max-tokens", "0", "hi"],
