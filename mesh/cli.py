@@ -1,0 +1,207 @@
+"""`tiermesh mesh ...`: serve the control plane, show its status, and generate what points at it.
+
+tiermesh mesh serve --topology FILE [--host H] [--port P]   ADS + admin + health; reloads FILE
+tiermesh mesh status [--json] [--address ADDR]               nodes, ACK/NACK, endpoints per tier
+tiermesh mesh bootstrap [--topology FILE] [--node-id ID]     gRPC xDS bootstrap JSON
+tiermesh mesh envoy [--topology FILE]                        Envoy bootstrap JSON
+tiermesh mesh k8s [--topology FILE]                          Kubernetes manifests (YAML)
+tiermesh mesh probe TARGET [--calls N]                       which backend answers, N calls
+
+Every command reads the same topology file (default: mesh/topology.yaml). Exit codes: 0 ok,
+1 the control plane did not answer, 2 a bad file or flag. Parses arguments and prints; the work
+is in the modules it calls. Imports grpc-heavy modules only inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from mesh.bootstrap import BOOTSTRAP_CONFIG_ENV, envoy_bootstrap, grpc_bootstrap
+from mesh.topology import Topology
+from mesh.topology_file import load_topology
+from services.common import env
+from services.common.errors import ConfigError
+
+DEFAULT_TOPOLOGY = Path(__file__).with_name("topology.yaml")
+log = logging.getLogger(__name__)
+
+
+def _topology(args: argparse.Namespace) -> Topology:
+    return load_topology(args.topology)
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"tiermesh mesh: {message}", file=sys.stderr)
+    return code
+
+
+async def _serve(topology: Path, host: str, port: int) -> None:
+    from mesh.control_plane import start_control_plane
+    from services.common.grpc_service import serve_until_signalled
+
+    started = await start_control_plane(topology, host, port)
+    print(f"control plane serving ADS on {started.address} (topology {topology})", flush=True)
+
+    async def stop_watching() -> None:
+        if started.watcher is not None:
+            started.watcher.cancel()
+
+    await serve_until_signalled(started.running, 1.0, stop_watching)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from services.common.grpc_service import configure_logging
+
+    configure_logging("control-plane", env.log_level())
+    try:
+        topology = load_topology(args.topology)
+        host, _, port = topology.control_plane.rpartition(":")
+        asyncio.run(
+            _serve(
+                args.topology, args.host or host, port=int(port) if args.port is None else args.port
+            )
+        )
+    except ConfigError as e:
+        return _fail(str(e))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import grpc
+
+    from mesh.admin import fetch_status, status_json, status_text
+
+    address = args.address or _topology(args).control_plane
+    try:
+        status = fetch_status(address, args.timeout)
+    except grpc.RpcError as e:
+        return _fail(f"no answer from the control plane at {address}: {e.code().name}", 1)
+    print(status_json(status) if args.json else status_text(status))
+    return 0
+
+
+def cmd_bootstrap(args: argparse.Namespace) -> int:
+    control_plane = args.control_plane or _topology(args).control_plane
+    _print_json(grpc_bootstrap(control_plane, args.node_id, zone=args.zone))
+    return 0
+
+
+def cmd_envoy(args: argparse.Namespace) -> int:
+    _print_json(envoy_bootstrap(_topology(args), args.node_id, args.admin_port))
+    return 0
+
+
+def cmd_k8s(args: argparse.Namespace) -> int:
+    from mesh.k8s import manifests_yaml
+
+    sys.stdout.write(manifests_yaml(_topology(args)))
+    return 0
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    if args.target.startswith("xds:") and not (
+        os.environ.get(BOOTSTRAP_CONFIG_ENV) or os.environ.get("GRPC_XDS_BOOTSTRAP")
+    ):
+        control_plane = args.control_plane or _topology(args).control_plane
+        bootstrap = grpc_bootstrap(control_plane, f"probe~{os.getpid()}")
+        os.environ[BOOTSTRAP_CONFIG_ENV] = json.dumps(bootstrap)
+    from mesh.probe import follow, probe_counts
+
+    if args.follow is not None:
+        follow(args.target, args.follow)
+        return 0
+    counts = probe_counts(args.target, args.calls)
+    total = sum(counts.values())
+    _print_json(
+        {
+            "target": args.target,
+            "calls": total,
+            "counts": counts,
+            "shares": {name: round(n / total, 4) for name, n in counts.items()},
+        }
+    )
+    return 0
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def _with_topology(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--topology", type=Path, default=DEFAULT_TOPOLOGY, help="topology file (YAML)"
+    )
+
+
+def _guarded(func: Any) -> Any:
+    """Runs a command, turning a bad topology into exit code 2 with its message."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            code: int = func(args)
+        except ConfigError as e:
+            return _fail(str(e))
+        return code
+
+    return run
+
+
+def register(subparsers: Any) -> None:
+    """Adds `mesh` and its subcommands to the `tiermesh` command."""
+    mesh = subparsers.add_parser("mesh", help="the xDS control plane and what points at it")
+    commands = mesh.add_subparsers(dest="mesh_command", required=True, metavar="MESH_COMMAND")
+
+    serve = commands.add_parser("serve", help="serve ADS from a topology file, reloading it")
+    _with_topology(serve)
+    serve.add_argument("--host", help="listen host (default: the topology's control_plane)")
+    serve.add_argument("--port", type=int, help="listen port, 0 = any (default: the topology's)")
+    serve.set_defaults(func=cmd_serve)
+
+    status = commands.add_parser("status", help="nodes, ACKed/NACKed versions, endpoints")
+    _with_topology(status)
+    status.add_argument("--address", help="control plane (default: the topology's)")
+    status.add_argument("--json", action="store_true", help="the status message as JSON")
+    status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait")
+    status.set_defaults(func=_guarded(cmd_status))
+
+    bootstrap = commands.add_parser("bootstrap", help="gRPC xDS bootstrap JSON for a client")
+    _with_topology(bootstrap)
+    bootstrap.add_argument("--control-plane", help="ADS address (default: the topology's)")
+    bootstrap.add_argument("--node-id", default="tiermesh-router", help="the client's node id")
+    bootstrap.add_argument("--zone", default="", help="the client's locality zone")
+    bootstrap.set_defaults(func=_guarded(cmd_bootstrap))
+
+    envoy = commands.add_parser("envoy", help="Envoy bootstrap JSON pointing at the control plane")
+    _with_topology(envoy)
+    envoy.add_argument("--node-id", default="tiermesh-envoy", help="Envoy's node id")
+    envoy.add_argument("--admin-port", type=int, default=9901, help="Envoy admin port")
+    envoy.set_defaults(func=_guarded(cmd_envoy))
+
+    k8s = commands.add_parser("k8s", help="Kubernetes manifests for the mesh (YAML)")
+    _with_topology(k8s)
+    k8s.set_defaults(func=_guarded(cmd_k8s))
+
+    probe = commands.add_parser("probe", help="call a target and count which backend answers")
+    _with_topology(probe)
+    probe.add_argument("target", help="e.g. xds:///tier-large or 127.0.0.1:50063")
+    probe.add_argument("--calls", type=int, default=500, help="number of calls")
+    probe.add_argument(
+        "--follow", type=float, metavar="SECONDS", help="call for SECONDS, one JSON line per 20 ms"
+    )
+    probe.add_argument("--control-plane", help="ADS address (default: the topology's)")
+    probe.set_defaults(func=_guarded(cmd_probe))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m", description="tiermesh xDS mesh")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["mesh", *(sys.argv[1:] if argv is None else argv)])
+    code: int = args.func(args)
+    return code
