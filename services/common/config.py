@@ -17,6 +17,8 @@ from services.common.errors import ConfigError
 from services.common.tiers import TIER_NAMES
 
 ENGINES = ("torch", "tensorrt_llm")
+POLICIES = ("interim_heuristic", "keyword", "threshold", "cost_target", "adaptive")
+GATES = ("always", "race", "cascade")
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,8 @@ class RouterConfig:
     )  # tier name -> gRPC target ("host:port" or "xds:///tier-small")
     host: str = "127.0.0.1"
     port: int = 50051
-    policy: str = "interim_heuristic"  # routing policy for MODE_ROUTED
+    policy: str = "interim_heuristic"  # routing policy for MODE_ROUTED (see POLICIES)
+    complexity_model: Path = Path("")  # predictor artifact; empty = the committed one
     max_inflight: int = 256  # chats at once; past it RESOURCE_EXHAUSTED
     default_max_tokens: int = 128  # when a request leaves max_tokens unset
     max_tokens: int = 256  # most a request may ask for
@@ -88,6 +91,24 @@ class RouterConfig:
     refine_budget_ms: int = 30000  # progressive: refinement must finish within this or is dropped
     drain_grace_s: float = 10.0
     metrics_port: int = 0  # Prometheus scrape endpoint on 127.0.0.1; 0 = off
+    # Load-aware fallback: where a request goes when its tier is over its TTFT SLO or full.
+    fallback: dict[str, str] = field(
+        default_factory=lambda: {"small": "medium", "medium": "large", "large": "medium"}
+    )
+    ttft_slo_ms: dict[str, float] = field(default_factory=dict)  # per tier; absent = no SLO
+    first_token_timeout_ms: int = 0  # start the fallback tier if no token by then; 0 = off
+    load_watch_interval_ms: int = 250  # how often tiers push their load to the router
+    large_queue_limit: int = 8  # threshold policies: large only while its queue is shorter
+    # Relative cost per output token of each tier (large = 1), for cost-aware policies.
+    tier_costs: dict[str, float] = field(
+        default_factory=lambda: {"small": 0.05, "medium": 0.25, "large": 1.0}
+    )
+    adaptive_cost_weight: float = 0.3  # adaptive: reward = quality - weight x cost
+    adaptive_exploration: float = 0.3  # adaptive: LinUCB exploration bonus
+    # Progressive gate: "always" refines; "race" starts both and cancels the refinement when
+    # the draft is confident; "cascade" starts the refinement only when the draft is unsure.
+    progressive_gate: str = "always"
+    min_draft_confidence: float = 0.9  # geometric-mean token probability of a confident draft
 
     def validate(self) -> None:
         for tier in self.tiers:
@@ -103,6 +124,18 @@ class RouterConfig:
             "must be <= max_tokens",
         )
         _require(self.refine_budget_ms >= 1, "refine_budget_ms", "must be >= 1")
+        _require(self.policy in POLICIES, "policy", f"must be one of {', '.join(POLICIES)}")
+        _require(self.progressive_gate in GATES, "progressive_gate", f"one of {', '.join(GATES)}")
+        _require(0.0 <= self.min_draft_confidence <= 1.0, "min_draft_confidence", "in [0, 1]")
+        for name in ("fallback", "ttft_slo_ms", "tier_costs"):
+            for tier in getattr(self, name):
+                _require(tier in TIER_NAMES, name, f"unknown tier {tier!r}")
+        for tier in self.fallback.values():
+            _require(tier in TIER_NAMES, "fallback", f"unknown tier {tier!r}")
+        _require(self.first_token_timeout_ms >= 0, "first_token_timeout_ms", "must be >= 0")
+        _require(
+            50 <= self.load_watch_interval_ms <= 60000, "load_watch_interval_ms", "in [50, 60000]"
+        )
 
 
 def _require(ok: bool, name: str, message: str) -> None:
@@ -154,10 +187,14 @@ def _coerce(name: str, value: Any, hint: Any, base_dir: Path | None) -> Any:
         path = Path(value)
         return path if path.is_absolute() or base_dir is None else base_dir / path
     if origin is dict:
+        value_type = typing.get_args(hint)[1]
+        if value_type is float and isinstance(value, dict):
+            value = {k: float(v) if isinstance(v, int) else v for k, v in value.items()}
         if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+            isinstance(k, str) and isinstance(v, value_type) for k, v in value.items()
         ):
-            raise ConfigError(f"{name}: expected a table of strings, got {value!r}")
+            kind = "strings" if value_type is str else "numbers"
+            raise ConfigError(f"{name}: expected a table of {kind}, got {value!r}")
         return dict(value)
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)

@@ -8,6 +8,7 @@ running when the session ends (client gone, error, deadline) is cancelled.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ import grpc
 from tiermesh.v1 import common_pb2, router_pb2, tier_pb2
 
 from services.router.chat_telemetry import ChatTelemetry
+from services.router.policy import RouteChoice
 from services.router.revisions import KeptPrefix, delta, revision_end, revision_start
 from services.router.tier_calls import TierCall, TierChannels
 
@@ -40,6 +42,20 @@ class ChatPlan:
     tiers: tuple[str, ...]  # in revision order: one tier, or (draft, refine)
     generate: tier_pb2.GenerateRequest  # the tier request, without request_id
     decision: router_pb2.RouteDecision
+    fallback_tier: str | None = None  # ROUTED/PINNED: started if the first token is late
+    first_token_timeout_s: float = 0.0  # 0 = no timeout fallback
+    gate: str = "always"  # PROGRESSIVE: "always", "race" or "cascade"
+    min_confidence: float = 0.0  # PROGRESSIVE: a draft at least this confident is kept
+    choice: RouteChoice | None = None  # the policy's view of the request (for learning)
+
+
+@dataclass
+class SessionResult:
+    """What the chat produced, for policies that learn from it."""
+
+    answer_tier: str = ""
+    draft_text: str | None = None  # PROGRESSIVE: the draft, complete
+    refined_text: str | None = None  # PROGRESSIVE: the refinement, complete
 
 
 @dataclass
@@ -79,6 +95,7 @@ class ChatSession:
         self._deadline = None if time_remaining_s is None else clock.start + time_remaining_s
         self._clock = clock
         self._calls: list[TierCall] = []
+        self.result = SessionResult()
 
     def _remaining_s(self) -> float | None:
         return None if self._deadline is None else max(0.001, self._deadline - time.perf_counter())
@@ -108,21 +125,70 @@ class ChatSession:
 
     async def _single(self) -> AsyncIterator[router_pb2.ChatEvent]:
         call = self._start(self._plan.tiers[0], self._remaining_s())
+        chunks = call.chunks()
+        reason = f"answered by {call.tier}"
+        plan = self._plan
+        if plan.fallback_tier and plan.first_token_timeout_s > 0:
+            call, chunks, raced = await self._first_token_race(call, chunks)
+            if raced:
+                reason = (
+                    f"no first token from {plan.tiers[0]} within "
+                    f"{plan.first_token_timeout_s * 1000:.0f} ms; answered by {call.tier}"
+                )
         outcome = RevisionOutcome()
-        async for event in self._stream_revision(call, 0, None, outcome):
+        async for event in self._stream_revision(call, 0, None, outcome, chunks):
             yield event
         if not outcome.complete:
             assert outcome.error is not None
             raise UpstreamFailed(call.tier, outcome.error)
-        yield self._final(call, 0, f"answered by {call.tier}")
+        yield self._final(call, 0, reason)
+
+    async def _first_token_race(
+        self, call: TierCall, chunks: AsyncIterator[tier_pb2.GenerateChunk]
+    ) -> tuple[TierCall, AsyncIterator[tier_pb2.GenerateChunk], bool]:
+        """Timeout fallback: if `call` has no first chunk within the plan's timeout, start the
+        fallback tier too; whichever streams first wins and the other is cancelled."""
+        first = asyncio.ensure_future(anext(chunks))
+        done, _ = await asyncio.wait({first}, timeout=self._plan.first_token_timeout_s)
+        if done:
+            return call, _prepend(first, chunks), False
+        assert self._plan.fallback_tier is not None
+        backup = self._start(self._plan.fallback_tier, self._remaining_s())
+        backup_chunks = backup.chunks()
+        second = asyncio.ensure_future(anext(backup_chunks))
+        done, _ = await asyncio.wait({first, second}, return_when=asyncio.FIRST_COMPLETED)
+        if first in done and not first.exception():
+            second.cancel()
+            backup.cancel()
+            return call, _prepend(first, chunks), False
+        first.cancel()
+        call.cancel()
+        return backup, _prepend(second, backup_chunks), True
 
     async def _progressive(self) -> AsyncIterator[router_pb2.ChatEvent]:
         draft_tier, refine_tier = self._plan.tiers
+        gate = self._plan.gate
         draft = self._start(draft_tier, self._remaining_s())
-        refine = self._start(refine_tier, self._refine_timeout_s())
+        refine = None if gate == "cascade" else self._start(refine_tier, self._refine_timeout_s())
         first = RevisionOutcome()
         async for event in self._stream_revision(draft, 0, None, first):
             yield event
+        if first.complete:
+            self.result.draft_text = draft.text
+        if first.complete and gate != "always":
+            confidence = draft.confidence
+            if confidence >= self._plan.min_confidence:
+                verdict = "cancelled" if refine is not None else "skipped"
+                yield self._final(
+                    draft,
+                    0,
+                    f"draft confident ({confidence:.2f} >= {self._plan.min_confidence:.2f}); "
+                    f"refinement {verdict}",
+                    verdict,
+                )
+                return
+        if refine is None:
+            refine = self._start(refine_tier, self._refine_timeout_s())
         if not first.started:  # the draft tier failed before any output: refine answers alone
             assert first.error is not None
             alone = RevisionOutcome()
@@ -137,7 +203,13 @@ class ChatSession:
         async for event in self._stream_revision(refine, 1, draft.text, second):
             yield event
         if second.complete:
-            yield self._final(refine, 1, f"refined by {refine_tier}", "completed")
+            self.result.refined_text = refine.text
+            reason = f"refined by {refine_tier}"
+            if gate != "always":
+                reason += (
+                    f" (draft unsure: {draft.confidence:.2f} < {self._plan.min_confidence:.2f})"
+                )
+            yield self._final(refine, 1, reason, "completed")
         elif first.complete:
             assert second.error is not None
             timed_out = second.error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -162,7 +234,12 @@ class ChatSession:
         return f"refinement by {call.tier} failed ({_describe(error)}); draft kept"
 
     async def _stream_revision(
-        self, call: TierCall, revision: int, previous: str | None, outcome: RevisionOutcome
+        self,
+        call: TierCall,
+        revision: int,
+        previous: str | None,
+        outcome: RevisionOutcome,
+        chunks: AsyncIterator[tier_pb2.GenerateChunk] | None = None,
     ) -> AsyncIterator[router_pb2.ChatEvent]:
         """Relays one tier call as a revision. Nothing is sent if the call fails before its first
         chunk; a replacing revision holds its text until its kept prefix is known."""
@@ -170,7 +247,7 @@ class ChatSession:
         held: list[tier_pb2.GenerateChunk] = []
         replaces = revision - 1 if previous is not None else None
         try:
-            async for chunk in call.chunks():
+            async for chunk in chunks if chunks is not None else call.chunks():
                 if outcome.started:
                     yield delta(revision, chunk.text, [chunk])
                     continue
@@ -220,6 +297,7 @@ class ChatSession:
     ) -> router_pb2.ChatEvent:
         for other in self._calls:
             other.cancel()
+        self.result.answer_tier = call.tier
         usage = []
         for c in self._calls:
             tier_usage = router_pb2.TierUsage(
@@ -245,6 +323,19 @@ class ChatSession:
         )
         self._telemetry.final(final, refinement)
         return router_pb2.ChatEvent(final=final)
+
+
+async def _prepend(
+    first: asyncio.Future[tier_pb2.GenerateChunk], rest: AsyncIterator[tier_pb2.GenerateChunk]
+) -> AsyncIterator[tier_pb2.GenerateChunk]:
+    """The chunk `first` resolves to, then the rest of the stream. A stream that ended before
+    any chunk simply ends; a failed one raises its error."""
+    try:
+        yield await first
+    except StopAsyncIteration:
+        return
+    async for chunk in rest:
+        yield chunk
 
 
 def _describe(error: grpc.aio.AioRpcError) -> str:

@@ -1,8 +1,11 @@
 """Routing policies: given a request and the tiers' live load, choose a tier and say why.
 
-A policy is a small object with a name and `route()`; the router calls it once per ROUTED
-request, on its event loop, so `route()` must be fast (well under a millisecond) and must not
-block. Policies know nothing of gRPC.
+A policy has a name, `route()` and `learn()`. The router calls `route()` once per ROUTED
+request on its event loop, so it must be fast (well under a millisecond) and must not block or
+raise for a well-formed request. `learn()` receives a reward for a past decision (from
+Feedback RPCs or progressive refinements); policies that do not learn ignore it. Policies know
+nothing of gRPC. Implementations: `interim_heuristic` (here), `keyword`, `threshold`,
+`cost_target` (static_policies.py) and `adaptive` (adaptive_policy.py).
 """
 
 from __future__ import annotations
@@ -11,8 +14,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
-
-from services.common.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -29,14 +30,24 @@ class RoutingInput:
 
 @dataclass(frozen=True)
 class TierLoad:
-    """The load of one tier as the router last saw it."""
+    """The load of one tier as the tier itself last reported it (WatchLoad)."""
 
+    serving: bool
     running: int
     queued: int
     max_running: int
     max_queued: int
     ttft_ms_p50: float
     ttft_ms_p99: float
+    kv_pool_used_tokens: int = 0
+    kv_pool_capacity_tokens: int = 0
+
+    @property
+    def queue_full(self) -> bool:
+        return self.queued >= self.max_queued and self.running >= self.max_running
+
+
+Loads = Mapping[str, TierLoad | None]  # tier name -> last known load (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -45,15 +56,16 @@ class RouteChoice:
     complexity: float  # predicted complexity in [0, 1]
     policy: str
     reason: str
+    context: tuple[float, ...] = ()  # what a learning policy needs to learn from this choice
 
 
 class RoutingPolicy(Protocol):
-    """Chooses the tier for one request. `loads` maps tier name to its last known load (None
-    when unknown); a policy may ignore it. Must not raise for any well-formed request."""
-
     name: str
 
-    def route(self, request: RoutingInput, loads: Mapping[str, TierLoad | None]) -> RouteChoice: ...
+    def route(self, request: RoutingInput, loads: Loads) -> RouteChoice: ...
+
+    def learn(self, choice: RouteChoice, tier: str, quality: float) -> None:
+        """Rewards `tier` for the request behind `choice` with a quality in [0, 1]."""
 
 
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
@@ -67,8 +79,7 @@ def heuristic_complexity(text: str) -> float:
     """An interim complexity score in [0, 1] from surface signals of multi-step requests.
 
     Numbers (quantities, prices) and words that chain steps (total, discount, shipping, ...)
-    push the score up, as does length. A stand-in until a predictor trained on measured labels
-    replaces it.
+    push the score up, as does length. Needs no trained artifact.
     """
     numbers = len(_NUMBER.findall(text))
     steps = len(_STEP_WORDS.findall(text))
@@ -77,11 +88,18 @@ def heuristic_complexity(text: str) -> float:
     return max(0.0, min(1.0, score))
 
 
-class InterimHeuristicPolicy:
-    """Thresholds on heuristic_complexity: < 0.3 small, < 0.7 medium, else large.
+def band(score: float, small_below: float, medium_below: float) -> tuple[str, str]:
+    """The tier a score falls in, and the band as text (e.g. "< 0.3")."""
+    if score < small_below:
+        return "small", f"< {small_below:.2f}"
+    if score < medium_below:
+        return "medium", f"< {medium_below:.2f}"
+    return "large", f">= {medium_below:.2f}"
 
-    Interim: it reads no load and learns nothing; trained policies replace it.
-    """
+
+class InterimHeuristicPolicy:
+    """Thresholds on heuristic_complexity: < 0.3 small, < 0.7 medium, else large. Reads no
+    load and learns nothing; the trained policies replace it."""
 
     name = "interim_heuristic"
 
@@ -89,21 +107,10 @@ class InterimHeuristicPolicy:
         self._small_below = small_below
         self._medium_below = medium_below
 
-    def route(self, request: RoutingInput, loads: Mapping[str, TierLoad | None]) -> RouteChoice:
+    def route(self, request: RoutingInput, loads: Loads) -> RouteChoice:
         score = heuristic_complexity(request.user_text)
-        if score < self._small_below:
-            tier, band = "small", f"< {self._small_below}"
-        elif score < self._medium_below:
-            tier, band = "medium", f"< {self._medium_below}"
-        else:
-            tier, band = "large", f">= {self._medium_below}"
-        available = [name for name, load in loads.items()]
-        if available and tier not in available:
-            tier = available[-1]
-        return RouteChoice(tier, score, self.name, f"heuristic complexity {score:.2f} {band}")
+        tier, where = band(score, self._small_below, self._medium_below)
+        return RouteChoice(tier, score, self.name, f"heuristic complexity {score:.2f} {where}")
 
-
-def create_policy(name: str) -> RoutingPolicy:
-    if name == InterimHeuristicPolicy.name:
-        return InterimHeuristicPolicy()
-    raise ConfigError(f"policy: unknown routing policy {name!r} (known: interim_heuristic)")
+    def learn(self, choice: RouteChoice, tier: str, quality: float) -> None:
+        return None

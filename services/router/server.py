@@ -24,9 +24,10 @@ from services.common.grpc_service import (
     start_server,
 )
 from services.common.telemetry import setup_telemetry
-from services.router.policy import create_policy
+from services.router.policy_factory import create_policy
 from services.router.servicer import RouterServicer
 from services.router.tier_calls import TierChannels
+from services.router.tier_loads import TierLoadWatcher
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class RouterServer:
     servicer: RouterServicer
     channels: TierChannels
     running: RunningServer
+    watcher: TierLoadWatcher
 
     @property
     def port(self) -> int:
@@ -49,22 +51,29 @@ class RouterServer:
     def address(self) -> str:
         return f"{self.config.host}:{self.running.port}"
 
+    async def close_upstream(self) -> None:
+        await self.watcher.stop()
+        await self.channels.close()
+
     async def stop(self, grace_s: float | None = None) -> None:
         await self.running.drain(self.config.drain_grace_s if grace_s is None else grace_s)
+        await self.watcher.stop()
         await self.channels.close()
 
 
 async def start_router(config: RouterConfig) -> RouterServer:
     channels = TierChannels(config.tiers)
-    servicer = RouterServicer(config, channels, create_policy(config.policy))
+    watcher = TierLoadWatcher(channels, config.load_watch_interval_ms)
+    servicer = RouterServicer(config, channels, create_policy(config), watcher.loads)
     running = await start_server(
         config.host,
         config.port,
         lambda server: router_pb2_grpc.add_RouterServiceServicer_to_server(servicer, server),
         [SERVICE_NAME],
     )
+    watcher.start()
     await running.set_serving(True)
-    return RouterServer(config, servicer, channels, running)
+    return RouterServer(config, servicer, channels, running, watcher)
 
 
 def parse_tier_targets(values: list[str]) -> dict[str, str] | None:
@@ -83,7 +92,7 @@ async def _serve(config: RouterConfig) -> None:
     telemetry = setup_telemetry("router", prometheus_port=config.metrics_port)
     router = await start_router(config)
     log.info("router on %s, tiers %s", router.address, config.tiers)
-    await serve_until_signalled(router.running, config.drain_grace_s, router.channels.close)
+    await serve_until_signalled(router.running, config.drain_grace_s, router.close_upstream)
     telemetry.shutdown()
 
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 import grpc
 from tiermesh.v1 import router_pb2, router_pb2_grpc, tier_pb2
 
-from services.common.config import RouterConfig
+from services.common.config import GATES, RouterConfig
 from services.common.errors import InvalidArgument, TiermeshError
 from services.common.grpc_service import status_code
 from services.common.tiers import check_tier
@@ -26,10 +26,18 @@ from services.common.validation import (
     check_sampling,
     conversation,
 )
-from services.router.chat_session import ChatPlan, ChatSession, SessionClock, UpstreamFailed
+from services.router.chat_session import (
+    ChatPlan,
+    ChatSession,
+    SessionClock,
+    SessionResult,
+    UpstreamFailed,
+)
 from services.router.chat_telemetry import ChatTelemetry
-from services.router.policy import RoutingInput, RoutingPolicy
+from services.router.fallback import choose_with_fallback
+from services.router.policy import Loads, RouteChoice, RoutingInput, RoutingPolicy
 from services.router.tier_calls import TierChannels
+from services.workload.scoring import final_answer
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +51,20 @@ FEEDBACK_MEMORY = 10_000  # request ids remembered for Feedback
 
 
 class RouterServicer(router_pb2_grpc.RouterServiceServicer):
-    def __init__(self, config: RouterConfig, channels: TierChannels, policy: RoutingPolicy) -> None:
+    def __init__(
+        self,
+        config: RouterConfig,
+        channels: TierChannels,
+        policy: RoutingPolicy,
+        loads: Loads | None = None,
+    ) -> None:
         self._config = config
         self._channels = channels
         self._policy = policy
+        self._loads: Loads = loads if loads is not None else dict.fromkeys(config.tiers)
         self.inflight = 0
-        self._recent: OrderedDict[str, float | None] = OrderedDict()  # request id -> score
+        # request id -> (the policy's choice, the tier that answered): what Feedback rewards
+        self._recent: OrderedDict[str, tuple[RouteChoice, str]] = OrderedDict()
 
     def plan(self, request: router_pb2.ChatRequest) -> ChatPlan:
         """Validates the request and decides mode and tiers; raises InvalidArgument."""
@@ -66,7 +82,12 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             max_tokens = check_max_tokens(request.max_tokens, config.max_tokens)
         check_sampling(request.sampling)
         request_id = request.request_id or uuid.uuid4().hex
-        complexity = 0.0
+        gate = request.progressive_gate or config.progressive_gate
+        if gate not in GATES:
+            raise InvalidArgument(f"progressive_gate: {gate!r} is not one of {', '.join(GATES)}")
+        choice = self._policy.route(RoutingInput(tuple(turns), max_tokens), self._loads)
+        complexity = choice.complexity
+        fallback: str | None = None
         if mode == router_pb2.MODE_PINNED:
             if not request.tier:
                 raise InvalidArgument("tier: required with MODE_PINNED")
@@ -79,11 +100,13 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 raise InvalidArgument(f"refine_tier: must differ from draft_tier ({draft})")
             tiers = (draft, refine)
             policy, reason = "progressive", f"draft from {draft}, refined by {refine}"
+            if gate != "always":
+                reason += f"; gate {gate} at draft confidence {config.min_draft_confidence:.2f}"
         else:
-            loads = dict.fromkeys(config.tiers)
-            choice = self._policy.route(RoutingInput(tuple(turns), max_tokens), loads)
-            tiers, complexity = (choice.tier,), choice.complexity
-            policy, reason = choice.policy, choice.reason
+            tier, note = choose_with_fallback(choice.tier, self._loads, config)
+            tiers = (self._configured(tier, "tier"),)
+            policy, reason = choice.policy, choice.reason + note
+            fallback = config.fallback.get(tier)
         generate = tier_pb2.GenerateRequest(
             max_tokens=max_tokens,
             sampling=request.sampling,
@@ -97,7 +120,18 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             policy=policy,
             reason=reason,
         )
-        return ChatPlan(request_id, mode, tiers, generate, decision)
+        return ChatPlan(
+            request_id,
+            mode,
+            tiers,
+            generate,
+            decision,
+            fallback_tier=fallback if fallback in config.tiers else None,
+            first_token_timeout_s=config.first_token_timeout_ms / 1000,
+            gate=gate,
+            min_confidence=config.min_draft_confidence,
+            choice=choice,
+        )
 
     def _configured(self, tier: str, field: str) -> str:
         check_tier(tier, field)
@@ -129,7 +163,6 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 await context.abort(status_code(e), str(e))
             clock.route_ms = clock.ms()
             telemetry.route(plan.decision, plan.generate.max_tokens, start_ns)
-            self._remember(plan.request_id)
             session = ChatSession(
                 plan,
                 self._channels,
@@ -141,6 +174,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             try:
                 async for event in session.events():
                     yield event
+                self._learn(plan, session.result)
             except UpstreamFailed as e:
                 code, message = e.code.name, e.details
                 await context.abort(e.code, e.details)
@@ -151,11 +185,19 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             self.inflight -= 1
             telemetry.finish(code, message)
 
-    def _remember(self, request_id: str) -> None:
-        self._recent[request_id] = None
-        self._recent.move_to_end(request_id)
+    def _learn(self, plan: ChatPlan, result: SessionResult) -> None:
+        """Remembers the decision for Feedback; a progressive chat whose refinement changed the
+        draft teaches the policy that the draft tier was the wrong call (and vice versa)."""
+        if plan.choice is None:
+            return
+        self._recent[plan.request_id] = (plan.choice, result.answer_tier)
+        self._recent.move_to_end(plan.request_id)
         while len(self._recent) > FEEDBACK_MEMORY:
             self._recent.popitem(last=False)
+        if result.draft_text is not None and result.refined_text is not None:
+            same = final_answer(result.draft_text) == final_answer(result.refined_text)
+            self._policy.learn(plan.choice, plan.tiers[0], 1.0 if same else 0.0)
+            self._policy.learn(plan.choice, plan.tiers[1], 1.0)
 
     async def Feedback(
         self, request: router_pb2.FeedbackRequest, context: grpc.aio.ServicerContext
@@ -164,7 +206,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"score: must be in [0, 1], got {request.score}"
             )
-        if request.request_id not in self._recent:
+        remembered = self._recent.get(request.request_id)
+        if remembered is None:
             return router_pb2.FeedbackResponse(accepted=False)
-        self._recent[request.request_id] = request.score
+        choice, tier = remembered
+        self._policy.learn(choice, tier, request.score)
         return router_pb2.FeedbackResponse(accepted=True)

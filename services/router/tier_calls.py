@@ -5,6 +5,7 @@ Knows gRPC and the tier contract; knows nothing of revisions or routing policy.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import AsyncIterator, Mapping
 
@@ -55,6 +56,7 @@ class TierCall:
         metadata = span.metadata if span is not None else None
         self.call = channels.stub(tier).Generate(request, timeout=timeout_s, metadata=metadata)
         self.text = ""
+        self.logprobs: list[float] = []
         self.usage: common_pb2.Usage | None = None
         self.finish_reason = ""
         self.revision: int | None = None  # the revision it produced, once shown
@@ -65,6 +67,7 @@ class TierCall:
         try:
             async for chunk in self.call:
                 self.text += chunk.text
+                self.logprobs.extend(chunk.logprobs)
                 if chunk.finish_reason:
                     self.finish_reason = chunk.finish_reason
                     self.usage = chunk.usage
@@ -77,6 +80,13 @@ class TierCall:
     def _end_span(self, code: str, message: str = "") -> None:
         if self._span is not None:
             self._span.end(code, message, self.usage)
+
+    @property
+    def confidence(self) -> float:
+        """Geometric-mean probability of the tokens so far, in [0, 1] (0 when none)."""
+        if not self.logprobs:
+            return 0.0
+        return math.exp(sum(self.logprobs) / len(self.logprobs))
 
     @property
     def finished(self) -> bool:
