@@ -26,6 +26,7 @@ COMMAND_MODULES = tuple(
         "services.router.trace_view",
         "services.training.cli",
         "services.bench.cli",
+        "services.routing.cli",
         "mesh.cli",
     )
     if importlib.util.find_spec(name.rsplit(".", 1)[0]) is not None

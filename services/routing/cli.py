@@ -1,0 +1,165 @@
+"""`tiermesh route label|train` and `tiermesh route-eval`: build the measured routing labels,
+train the complexity predictor and tune cost_target, and evaluate every policy offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from services.common.config import RouterConfig, load_config
+from services.common.tiers import TIER_NAMES
+
+ROUTER_CONFIG = Path(__file__).resolve().parent.parent / "router" / "config.toml"
+
+
+def _router_config() -> RouterConfig:
+    return load_config(RouterConfig, ROUTER_CONFIG)
+
+
+def register(commands: Any) -> None:
+    route = commands.add_parser("route", help="routing labels and the complexity predictor")
+    actions = route.add_subparsers(dest="route_action", metavar="ACTION", required=True)
+    label = actions.add_parser("label", help="run every tier on the splits; label each request")
+    label.add_argument("--splits", default="train,dev,test", help="comma-separated splits")
+    label.add_argument("--limit", type=int, help="first N items of each split")
+    label.add_argument("--model", action="append", default=[], metavar="TIER=PATH")
+    label.set_defaults(func=cmd_label)
+    train = actions.add_parser("train", help="train the predictor, tune cost_target on dev")
+    train.add_argument("--quality-target", type=float, default=0.97, help="of always-large")
+    train.add_argument("--out", type=Path, help="artifact (default: the router's)")
+    train.set_defaults(func=cmd_train)
+
+    evaluate = commands.add_parser("route-eval", help="evaluate routing policies offline")
+    evaluate.add_argument("--split", default="test")
+    evaluate.add_argument("--json", action="store_true", help="one JSON object as the last line")
+    evaluate.add_argument("--out", type=Path, default=Path("report/route-eval"))
+    evaluate.add_argument("--feedback", type=int, default=3000, help="adaptive feedback requests")
+    evaluate.set_defaults(func=cmd_route_eval)
+
+
+def cmd_label(args: argparse.Namespace) -> int:
+    from services.routing.outcomes import build_outcomes, model_paths, outcomes_path, write_outcomes
+
+    overrides = {}
+    for value in args.model:
+        tier, _, path = value.partition("=")
+        overrides[tier] = Path(path)
+    models = model_paths(overrides)
+    console = Console()
+    for tier, path in models.items():
+        if not (path / "config.json").is_file():
+            console.print(f"[red]route label:[/red] no {tier} model at {path} (`make models`)")
+            return 2
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
+        for split in args.splits.split(","):
+            tasks = {t: progress.add_task(f"{split} {t}", total=None) for t in models}
+
+            def advance(tier: str, done: int, total: int, tasks: Any = tasks) -> None:
+                progress.update(tasks[tier], completed=done, total=total)
+
+            outcomes = build_outcomes(split, models, args.limit, progress=advance)
+            write_outcomes(outcomes, outcomes_path(split))
+            labels = {t: sum(o.label == t for o in outcomes) for t in (*TIER_NAMES, "none")}
+            console.print(f"{split}: {len(outcomes)} requests, cheapest correct tier {labels}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from services.router.complexity_model import DEFAULT_ARTIFACT
+    from services.routing.outcomes import load_outcomes
+    from services.routing.predictor_training import (
+        label_accuracy,
+        latency_us,
+        train_model,
+        tune_thresholds,
+    )
+
+    console = Console()
+    train, dev = load_outcomes("train"), load_outcomes("dev")
+    model = train_model(train)
+    tuning = tune_thresholds(model, dev, _router_config().tier_costs, args.quality_target)
+    model = replace(model, small_below=tuning.small_below, medium_below=tuning.medium_below)
+    out = args.out or DEFAULT_ARTIFACT
+    model.save(out)
+    p50, p99 = latency_us(model, [o.prompt for o in dev])
+    console.print(
+        f"predictor: label accuracy {label_accuracy(model, dev):.3f} on dev; "
+        f"score() p50 {p50:.0f} µs, p99 {p99:.0f} µs"
+    )
+    console.print(
+        f"cost_target: small < {tuning.small_below:.3f}, medium < {tuning.medium_below:.3f}: "
+        f"dev accuracy {tuning.accuracy:.3f} (always-large {tuning.large_accuracy:.3f}), "
+        f"cost {tuning.cost / tuning.large_cost:.1%} of always-large; written to {out}"
+    )
+    return 0
+
+
+def cmd_route_eval(args: argparse.Namespace) -> int:
+    from services.router.complexity_model import ComplexityModel
+    from services.routing.outcomes import load_outcomes
+    from services.routing.route_eval import plot, route_eval
+
+    console = Console(stderr=args.json)
+    config = _router_config()
+    try:
+        outcomes = load_outcomes(args.split)
+        feedback = load_outcomes("train") + load_outcomes("dev")
+    except FileNotFoundError as e:
+        console.print(f"[red]route-eval:[/red] {e}")
+        return 2
+    with console.status("evaluating policies…"):
+        report = route_eval(
+            outcomes,
+            feedback,
+            ComplexityModel.load(),
+            config.tier_costs,
+            config.adaptive_cost_weight,
+            args.feedback,
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot(report, args.out / "cost_quality.png")
+    (args.out / "route_eval.json").write_text(json.dumps(report, indent=1))
+    _print_table(report, console)
+    console.print(f"plot and JSON in {args.out}/")
+    if args.json:
+        print(json.dumps(report))
+    return 0
+
+
+def _print_table(report: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"routing on {report['requests']} requests (cost: relative price x tokens)")
+    for column in ("policy", "accuracy", "vs large", "cost vs large", "misroute", "p99 route ms"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    table.add_column("share small/medium/large")
+    rows = [*report["policies"], *report["references"].values()]
+    for row in rows:
+        share = "/".join(f"{row['share'][t]:.0%}" for t in TIER_NAMES)
+        table.add_row(
+            row["name"],
+            f"{row['accuracy']:.3f}",
+            f"{row['quality_vs_large']:.1%}",
+            f"{row['cost_vs_large']:.1%}",
+            f"{row['misroute_rate']:.1%}",
+            f"{row['p99_route_ms']:.3f}",
+            share,
+        )
+    console.print(table)
+    curve = report["adaptive_learning_curve"]
+    best = report["best_static_threshold"]
+    beat = next((p["feedback"] for p in curve if p["reward"] > best["reward"]), None)
+    last = curve[-1]
+    console.print(
+        f"adaptive reward after {last['feedback']} feedback requests: {last['reward']:.3f}"
+        f" (best static threshold {best['reward']:.3f}"
+        + (f"; first above it after {beat})" if beat is not None else "; not above it)")
+    )

@@ -1,0 +1,152 @@
+"""Routing policies against a real router and real torch tiers: trained thresholds, load-aware
+fallback from the tiers' own load reports, first-token timeout fallback, progressive gates, and
+adaptive routing learning from Feedback and refinements."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from services.router.sdk import AsyncRouterClient, DeltaEvent, RouteEvent
+from services.routing.predictor_training import train_model
+from tests.integration.mesh import Mesh, start_mesh
+from tests.unit.test_routing_offline import synthetic
+
+SIMPLE = "What is your return policy?"
+COMPLEX = (
+    "Please price an order of 2 navy bottles, 4 pink spoons and 3 green bowls. "
+    "I have coupon SAVE10. How much will I pay in total?"
+)
+LONG = {"max_tokens": 400}
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model = replace(train_model(synthetic("train", 600)), small_below=0.3, medium_below=0.7)
+    path = tmp_path_factory.mktemp("predictor") / "complexity_model.npz"
+    model.save(path)
+    return path
+
+
+async def _mesh(model_dir: Path, artifact: Path, tiers: dict | None = None, **router) -> Mesh:
+    options = {"complexity_model": str(artifact), "load_watch_interval_ms": 50, **LONG, **router}
+    return await start_mesh(
+        model_dir,
+        tier_options={**LONG, **(tiers or {})},
+        router_options=options,
+    )
+
+
+async def _hold(client: AsyncRouterClient, ready: asyncio.Event, **options: object) -> None:
+    async for event in client.chat_stream(SIMPLE, max_tokens=400, **options):  # type: ignore[arg-type]
+        if isinstance(event, DeltaEvent):
+            ready.set()
+
+
+async def test_threshold_policy_routes_by_trained_complexity(tiny_model_dir, artifact) -> None:
+    mesh = await _mesh(tiny_model_dir, artifact, policy="threshold")
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            easy = await client.chat(SIMPLE, max_tokens=4)
+            hard = await client.chat(COMPLEX, max_tokens=4)
+        assert (easy.tier, hard.tier) == ("small", "large")
+        route = hard.events[0]
+        assert isinstance(route, RouteEvent) and route.policy == "threshold"
+        assert route.complexity >= 0.7 and "complexity" in route.reason
+    finally:
+        await mesh.stop()
+
+
+async def test_full_large_tier_falls_back_by_its_own_load_report(tiny_model_dir, artifact) -> None:
+    mesh = await _mesh(
+        tiny_model_dir, artifact, tiers={"max_running": 1, "max_queued": 0}, policy="cost_target"
+    )
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            ready = asyncio.Event()
+            holder = asyncio.create_task(_hold(client, ready, mode="pinned", tier="large"))
+            await asyncio.wait_for(ready.wait(), 10)
+            loads = mesh.router.watcher.loads
+            for _ in range(200):
+                if loads["large"] is not None and loads["large"].queue_full:
+                    break
+                await asyncio.sleep(0.02)
+            result = await client.chat(COMPLEX, max_tokens=4)
+            holder.cancel()
+        route = result.events[0]
+        assert isinstance(route, RouteEvent)
+        assert result.tier == "medium", route.reason
+        assert "large full" in route.reason and "fallback medium" in route.reason
+    finally:
+        await mesh.stop()
+
+
+async def test_late_first_token_starts_the_fallback_tier(tiny_model_dir, artifact) -> None:
+    mesh = await _mesh(
+        tiny_model_dir,
+        artifact,
+        tiers={"max_running": 1, "max_queued": 4},
+        policy="threshold",
+        first_token_timeout_ms=100,
+    )
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            ready = asyncio.Event()
+            holder = asyncio.create_task(_hold(client, ready, mode="pinned", tier="small"))
+            await asyncio.wait_for(ready.wait(), 10)
+            result = await client.chat(SIMPLE, max_tokens=4)  # waits in small's queue
+            holder.cancel()
+        assert result.tier == "medium"
+        assert "no first token from small within 100 ms" in result.final.reason
+        usage = {u["tier"]: u for u in result.final.usage}
+        assert usage["small"]["cancelled"] and not usage["medium"]["cancelled"]
+        await mesh.wait_idle("small")
+    finally:
+        await mesh.stop()
+
+
+@pytest.mark.parametrize(
+    ("gate", "confidence", "revision", "words"),
+    [
+        ("race", 0.0, 0, "refinement cancelled"),
+        ("cascade", 0.0, 0, "refinement skipped"),
+        ("cascade", 1.0, 1, "draft unsure"),
+        ("race", 1.0, 1, "draft unsure"),
+    ],
+)
+async def test_progressive_gates(tiny_model_dir, artifact, gate, confidence, revision, words):
+    mesh = await _mesh(
+        tiny_model_dir, artifact, progressive_gate=gate, min_draft_confidence=confidence
+    )
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            result = await client.chat(SIMPLE, mode="progressive", max_tokens=8)
+        assert result.revision == revision
+        assert words in result.final.reason
+        route = result.events[0]
+        assert isinstance(route, RouteEvent) and f"gate {gate}" in route.reason
+        status = await mesh.wait_idle("large")
+        if gate == "cascade" and revision == 0:
+            assert status.completed == 0 and [u["tier"] for u in result.final.usage] == ["small"]
+    finally:
+        await mesh.stop()
+
+
+async def test_adaptive_learns_from_feedback_and_refinements(tiny_model_dir, artifact) -> None:
+    mesh = await _mesh(tiny_model_dir, artifact, policy="adaptive")
+    try:
+        policy = mesh.router.servicer._policy
+        async with AsyncRouterClient(mesh.address) as client:
+            routed = await client.chat(SIMPLE, max_tokens=4, request_id="a-1")
+            route = routed.events[0]
+            assert isinstance(route, RouteEvent) and route.policy == "adaptive"
+            assert policy.updates == 0
+            assert await client.feedback("a-1", 1.0)
+            assert policy.updates == 1
+            await client.chat(SIMPLE, mode="progressive", max_tokens=4)
+            assert policy.updates == 3  # the draft tier and the refine tier
+    finally:
+        await mesh.stop()

@@ -1,0 +1,108 @@
+"""Offline routing: misroute accounting, predictor training on real workload prompts, threshold
+tuning, and the adaptive policy learning from feedback. Correctness here is synthetic (by
+request class), so the tests pin the mechanics, not the built-in models' quality."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.router.adaptive_policy import AdaptivePolicy
+from services.router.complexity_model import ComplexityModel
+from services.router.policy import RoutingInput
+from services.routing.outcomes import Outcome, TierOutcome
+from services.routing.predictor_training import (
+    label_accuracy,
+    latency_us,
+    train_model,
+    tune_thresholds,
+)
+from services.routing.route_eval import learning_curve, mean_reward, route_eval
+from services.routing.simulation import evaluate_choices, misrouted, oracle_choice
+from services.workload import load_split
+
+COSTS = {"small": 0.05, "medium": 0.25, "large": 1.0}
+# Which tiers answer each class correctly (the shape of gap the built-in family aims for).
+CORRECT = {
+    "simple": {"small": True, "medium": True, "large": True},
+    "medium": {"small": False, "medium": True, "large": True},
+    "complex": {"small": False, "medium": False, "large": True},
+}
+
+
+def synthetic(split: str, n: int) -> list[Outcome]:
+    items = load_split(split)
+    by_class: dict[str, list] = {"simple": [], "medium": [], "complex": []}
+    for item in items:
+        by_class[item.request_class].append(item)
+    chosen = [i for c in by_class.values() for i in c[: n // 3]]
+    return [
+        Outcome(
+            i.id,
+            i.request_class,
+            i.prompt,
+            {t: TierOutcome(ok, 10, 0.9) for t, ok in CORRECT[i.request_class].items()},
+        )
+        for i in chosen
+    ]
+
+
+@pytest.fixture(scope="module")
+def trained() -> tuple[ComplexityModel, list[Outcome], list[Outcome]]:
+    train, dev = synthetic("train", 600), synthetic("dev", 240)
+    return train_model(train), train, dev
+
+
+def test_misroutes_count_both_directions() -> None:
+    outcome = Outcome(
+        "x", "medium", "p", {t: TierOutcome(ok, 5, 1.0) for t, ok in CORRECT["medium"].items()}
+    )
+    assert outcome.label == "medium" and oracle_choice(outcome) == "medium"
+    assert misrouted(outcome, "small")  # failed while medium would have succeeded
+    assert misrouted(outcome, "large")  # costlier than needed
+    assert not misrouted(outcome, "medium")
+    result = evaluate_choices([outcome, outcome], ["medium", "large"], COSTS)
+    assert result.accuracy == 1.0 and result.misroute_rate == 0.5
+    assert result.cost == pytest.approx((0.25 * 5 + 1.0 * 5) / 2)
+
+
+def test_predictor_learns_labels(trained) -> None:
+    model, _, dev = trained
+    assert label_accuracy(model, dev) >= 0.9
+    p50, p99 = latency_us(model, [o.prompt for o in dev])  # timed in `route train`, not here
+    assert 0 < p50 <= p99
+    simple = next(o for o in dev if o.request_class == "simple")
+    complex_ = next(o for o in dev if o.request_class == "complex")
+    assert model.score(simple.prompt) < 0.3 < 0.7 <= model.score(complex_.prompt)
+
+
+def test_tuned_thresholds_meet_the_quality_target_at_lower_cost(trained) -> None:
+    model, _, dev = trained
+    tuning = tune_thresholds(model, dev, COSTS, quality_target=0.97)
+    assert tuning.accuracy >= 0.97 * tuning.large_accuracy
+    assert tuning.cost < 0.6 * tuning.large_cost
+    assert 0.0 <= tuning.small_below <= tuning.medium_below <= 1.0
+
+
+def test_adaptive_learns_from_feedback(trained) -> None:
+    model, train, dev = trained
+    cold = AdaptivePolicy(model, COSTS)
+    _, curve = learning_curve(model, train, dev, COSTS, 0.3, steps=1500, every=500, seed=1)
+    large = evaluate_choices(dev, ["large"] * len(dev), COSTS)
+    assert curve[0]["feedback"] == 0 and curve[-1]["feedback"] == 1500
+    assert curve[-1]["reward"] > mean_reward(large, COSTS, 0.3)
+    assert curve[-1]["reward"] > curve[0]["reward"]
+    choice = cold.route(RoutingInput((("user", dev[0].prompt),), 64), {})
+    assert choice.policy == "adaptive" and "LinUCB after 0 rewards" in choice.reason
+
+
+def test_route_eval_report_contract(trained) -> None:
+    model, train, dev = trained
+    report = route_eval(dev, train, model, COSTS, feedback_steps=500)
+    names = [row["name"] for row in report["policies"]]
+    assert names == ["keyword", "interim_heuristic", "threshold", "cost_target", "adaptive"]
+    assert set(report["references"]) == {"always_small", "always_large", "random", "oracle"}
+    for row in [*report["policies"], *report["references"].values()]:
+        assert {"name", "accuracy", "cost", "misroute_rate", "share"} <= set(row)
+        assert sum(row["share"].values()) == pytest.approx(1.0, abs=1e-3)
+    oracle = report["references"]["oracle"]
+    assert oracle["accuracy"] == 1.0 and oracle["misroute_rate"] == 0.0
