@@ -6,6 +6,13 @@
 | TIERMESH_LOG_LEVEL | log level of every service (DEBUG, INFO, WARNING, ERROR) | INFO |
 | TIERMESH_RUN_DIR | folder where `tiermesh run` writes service logs | .tiermesh |
 | TIERMESH_TORCH_THREADS | torch intra-op threads per tier process (overrides the config) | unset |
+| TIERMESH_TRACE_FILE | JSON-lines span file of every service | `tiermesh run`: in run dir |
+| OTEL_EXPORTER_OTLP_ENDPOINT | OTLP/gRPC receiver for traces and metrics | unset: no OTLP |
+| OTEL_TRACES_EXPORTER | `console` prints spans to stderr | unset |
+| GRPC_XDS_BOOTSTRAP(_CONFIG) | xDS bootstrap file (inline JSON) for xds:/// targets | unset |
+
+The other standard `OTEL_*` settings (OTEL_BSP_SCHEDULE_DELAY, OTEL_METRIC_EXPORT_INTERVAL, ...)
+apply as OpenTelemetry documents them; services/common/telemetry.py reads them through the SDK.
 """
 
 from __future__ import annotations
