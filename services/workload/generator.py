@@ -1,0 +1,223 @@
+"""Seeded generator of customer-service requests with reference answers, in three classes.
+
+simple: an FAQ question (one of a fixed set of paraphrases) or the price of a popular product.
+medium: the cost of a quantity of any catalogue product (one recalled price, one product).
+complex: an order of 2-3 catalogue products, maybe a coupon, and shipping, with the working
+written out line by line and a final "Answer:" line.
+
+Knows the shop (store.py) and the answer format; knows nothing of files, tokenizers or models.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from services.workload.store import (
+    COUPONS,
+    FREE_SHIPPING_FROM,
+    POLICIES,
+    SHIPPING_FEE,
+    Product,
+    Store,
+    build_store,
+)
+
+RequestClass = Literal["simple", "medium", "complex"]
+CLASSES: tuple[RequestClass, ...] = ("simple", "medium", "complex")
+ANSWER_PREFIX = "Answer: "
+
+STORE_SEED = 20240611  # the shop is fixed: every split and every model shares it
+CATALOGUE_SIZE = 80  # products medium and complex requests draw from
+POPULAR_SIZE = 20  # products simple lookups draw from (the first of the catalogue)
+STORE = build_store(STORE_SEED, CATALOGUE_SIZE, POPULAR_SIZE)
+
+LOOKUP_TEMPLATES = (
+    "How much does the {item} cost?",
+    "What is the price of the {item}?",
+    "How much is the {item}?",
+    "What does the {item} cost?",
+)
+MEDIUM_TEMPLATES = (
+    "How much do {qty} {items} cost?",
+    "What is the price of {qty} {items}?",
+    "I want to buy {qty} {items}. How much is that?",
+    "How much would {qty} {items} be?",
+)
+COMPLEX_OPENERS = (
+    "I want to order {order}.",
+    "Please price an order of {order}.",
+    "My cart has {order}.",
+)
+COMPLEX_COUPON = " I have coupon {code}."
+COMPLEX_CLOSERS = (
+    " What is my total with shipping?",
+    " How much will I pay in total?",
+    " What is the final total?",
+)
+
+
+@dataclass(frozen=True)
+class WorkloadItem:
+    """One request with its verifiable answer.
+
+    `reference` is the full target text a model is trained to produce (without end-of-text);
+    `final` is what its last line must say for the answer to count (see scoring.final_answer).
+    """
+
+    id: str
+    request_class: RequestClass
+    prompt: str
+    reference: str
+    final: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(row: Mapping[str, Any]) -> WorkloadItem:
+        return WorkloadItem(
+            id=str(row["id"]),
+            request_class=row["request_class"],
+            prompt=str(row["prompt"]),
+            reference=str(row["reference"]),
+            final=str(row["final"]),
+        )
+
+
+def _simple(rng: random.Random, store: Store) -> tuple[str, str, str]:
+    if rng.random() < 0.5:
+        policy = rng.choice(POLICIES)
+        return rng.choice(policy.questions), policy.answer, policy.answer
+    product = rng.choice(store.popular)
+    prompt = rng.choice(LOOKUP_TEMPLATES).format(item=product.name)
+    final = f"${product.price}"
+    return prompt, f"The {product.name} costs {final}.\n{ANSWER_PREFIX}{final}", final
+
+
+def _medium(rng: random.Random, store: Store) -> tuple[str, str, str]:
+    product = rng.choice(store.products)
+    qty = rng.randint(2, 5)
+    prompt = rng.choice(MEDIUM_TEMPLATES).format(qty=qty, items=product.plural)
+    total = qty * product.price
+    reference = (
+        f"{_article(product.name)} {product.name} costs ${product.price}.\n"
+        f"{qty} x ${product.price} = ${total}\n"
+        f"{ANSWER_PREFIX}${total}"
+    )
+    return prompt, reference, f"${total}"
+
+
+def _article(name: str) -> str:
+    return "An" if name[0] in "aeiou" else "A"
+
+
+def _order_phrase(lines: list[tuple[int, Product]]) -> str:
+    parts = [f"{qty} {p.name if qty == 1 else p.plural}" for qty, p in lines]
+    return ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def _complex(rng: random.Random, store: Store) -> tuple[str, str, str]:
+    products = rng.sample(store.products, rng.choice((2, 2, 3)))
+    lines = [(rng.randint(1, 3), p) for p in products]
+    code = rng.choice((None, *COUPONS))
+    prompt = rng.choice(COMPLEX_OPENERS).format(order=_order_phrase(lines))
+    if code is not None:
+        prompt += COMPLEX_COUPON.format(code=code)
+    prompt += rng.choice(COMPLEX_CLOSERS)
+
+    work: list[str] = []
+    amounts = []
+    for qty, p in lines:
+        amounts.append(qty * p.price)
+        work.append(f"{p.name}: {qty} x ${p.price} = ${amounts[-1]}")
+    running = amounts[0]
+    sums = []
+    for amount in amounts[1:]:
+        sums.append(f"${running} + ${amount} = ${running + amount}")
+        running += amount
+    work.append("Subtotal: " + ", ".join(sums))
+    if code is not None:
+        off = min(COUPONS[code], running)
+        work.append(f"Coupon {code}: ${running} - ${off} = ${running - off}")
+        running -= off
+    fee = 0 if running >= FREE_SHIPPING_FROM else SHIPPING_FEE
+    rule = "free" if fee == 0 else f"under ${FREE_SHIPPING_FROM}"
+    work.append(f"Shipping ({rule}): ${running} + ${fee} = ${running + fee}")
+    running += fee
+    work.append(f"{ANSWER_PREFIX}${running}")
+    return prompt, "\n".join(work), f"${running}"
+
+
+BUILDERS = {"simple": _simple, "medium": _medium, "complex": _complex}
+
+
+def normalise_mix(mix: Mapping[str, float]) -> dict[RequestClass, float]:
+    """Checks a class mix (weights per class, any scale) and returns it summing to 1."""
+    unknown = set(mix) - set(CLASSES)
+    if unknown:
+        raise ValueError(f"mix has unknown classes {sorted(unknown)}; known: {CLASSES}")
+    if any(w < 0 for w in mix.values()) or sum(mix.values()) <= 0:
+        raise ValueError(f"mix weights must be >= 0 and not all 0, got {dict(mix)}")
+    total = sum(mix.values())
+    return {c: float(mix.get(c, 0.0)) / total for c in CLASSES}
+
+
+def class_counts(n: int, mix: Mapping[str, float]) -> dict[RequestClass, int]:
+    """Splits n items over the classes in proportion to mix (largest remainder, exact total)."""
+    shares = normalise_mix(mix)
+    counts = {c: int(n * shares[c]) for c in CLASSES}
+    order = sorted(CLASSES, key=lambda c: n * shares[c] - counts[c], reverse=True)
+    for c in order[: n - sum(counts.values())]:
+        counts[c] += 1
+    return counts
+
+
+def stream(seed: int, request_class: RequestClass, store: Store = STORE) -> Iterator[WorkloadItem]:
+    """Endless items of one class; the same seed always yields the same sequence."""
+    rng = random.Random(f"{seed}:{request_class}")
+    build = BUILDERS[request_class]
+    index = 0
+    while True:
+        prompt, reference, final = build(rng, store)
+        yield WorkloadItem(
+            f"{request_class}-{seed}-{index}", request_class, prompt, reference, final
+        )
+        index += 1
+
+
+def generate(
+    seed: int,
+    n: int,
+    mix: Mapping[str, float],
+    exclude_prompts: frozenset[str] = frozenset(),
+    store: Store = STORE,
+    unique: bool = True,
+) -> list[WorkloadItem]:
+    """n items with class counts given by mix, shuffled by the seed.
+
+    medium and complex items whose prompt is in exclude_prompts are skipped, and with `unique`
+    so are repeats within the result, so splits built one after another never share such a
+    prompt. simple prompts come from a small fixed set and repeat by design. Raises ValueError
+    when the class has too few distinct prompts left for the count asked.
+    """
+    items: list[WorkloadItem] = []
+    for request_class, count in class_counts(n, mix).items():
+        seen = set(exclude_prompts)
+        source = stream(seed, request_class, store)
+        drawn, rejected = 0, 0
+        while drawn < count:
+            item = next(source)
+            if request_class != "simple" and item.prompt in seen:
+                rejected += 1
+                if rejected > 100 * count + 10_000:
+                    raise ValueError(f"too few distinct {request_class} prompts for {count} items")
+                continue
+            if unique:
+                seen.add(item.prompt)
+            items.append(item)
+            drawn += 1
+    random.Random(seed).shuffle(items)
+    return items

@@ -1,0 +1,88 @@
+"""The workload generator: deterministic, honours the class mix, and its scorer is exact."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+
+from services.workload import (
+    CLASSES,
+    SPLITS,
+    STORE,
+    build_splits,
+    class_counts,
+    final_answer,
+    generate,
+    load_split,
+    score,
+)
+from services.workload.store import POLICIES
+
+
+def test_same_seed_same_items_and_other_seed_differs() -> None:
+    mix = {"simple": 1, "medium": 1, "complex": 1}
+    assert generate(7, 90, mix) == generate(7, 90, mix)
+    assert generate(7, 90, mix) != generate(8, 90, mix)
+
+
+def test_committed_splits_match_the_generator() -> None:
+    built = build_splits()
+    for spec in SPLITS:
+        assert load_split(spec.name) == built[spec.name], f"{spec.name}.jsonl is stale"
+
+
+def test_class_mix_is_honoured() -> None:
+    items = generate(3, 1000, {"simple": 0.9, "medium": 0.06, "complex": 0.04})
+    assert Counter(i.request_class for i in items) == {"simple": 900, "medium": 60, "complex": 40}
+    only_complex = generate(3, 25, {"complex": 1.0})
+    assert {i.request_class for i in only_complex} == {"complex"}
+    assert sum(class_counts(7, {"simple": 1, "medium": 1, "complex": 1}).values()) == 7
+
+
+def test_bad_mix_is_rejected_with_the_class_named() -> None:
+    with pytest.raises(ValueError, match="huge"):
+        generate(1, 10, {"huge": 1.0})
+    with pytest.raises(ValueError):
+        generate(1, 10, {"simple": 0.0})
+
+
+def test_test_split_has_the_traffic_mix_and_enough_hard_items() -> None:
+    counts = Counter(i.request_class for i in load_split("test"))
+    assert counts["simple"] / sum(counts.values()) == pytest.approx(0.9)
+    assert counts["medium"] >= 200 and counts["complex"] >= 150
+
+
+def test_held_out_prompts_do_not_leak_into_train() -> None:
+    train = {i.prompt for i in load_split("train") if i.request_class != "simple"}
+    test = {i.prompt for i in load_split("test") if i.request_class != "simple"}
+    assert not train & test
+
+
+def test_scorer_accepts_reference_and_rejects_wrong_final_answer() -> None:
+    for item in generate(11, 30, {c: 1.0 for c in CLASSES}):
+        assert score(item, item.reference)
+        assert score(item, item.reference + "\n")
+        wrong = (
+            item.reference.rsplit("\n", 1)[0] + "\nAnswer: $0" if "\n" in item.reference else "?"
+        )
+        assert not score(item, wrong)
+        assert not score(replace(item, final=item.final + "1"), item.reference)
+    assert final_answer("a\nAnswer: $12\n\n") == "$12"
+    assert final_answer("") == ""
+
+
+def test_return_policy_question_and_lookups_use_popular_items() -> None:
+    returns = next(p for p in POLICIES if p.topic == "returns")
+    assert "What is your return policy?" in returns.questions
+    simple = [i for i in generate(5, 400, {"simple": 1.0}) if i.final.startswith("$")]
+    popular = {p.name for p in STORE.popular}
+    assert simple and all(any(name in i.prompt for name in popular) for i in simple)
+
+
+def test_complex_working_adds_up() -> None:
+    item = next(i for i in generate(2, 5, {"complex": 1.0}))
+    lines = item.reference.splitlines()
+    assert lines[-1] == f"Answer: {item.final}"
+    assert lines[-2].endswith(item.final) and lines[-2].startswith("Shipping")
