@@ -39,11 +39,14 @@ fmt: setup
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-models: setup  ## train the built-in model family (CPU, up to about an hour)
+models: setup  ## train the built-in model family, then routing labels and the predictor (CPU)
 	$(BIN)/tiermesh models train
+	$(BIN)/tiermesh route label
+	$(BIN)/tiermesh route train
 
-bench: setup  ## hybrid vs single-model benchmark and the router-hop latency probe
+bench: setup  ## router-hop and tracing latency, engine batching, hybrid vs single
 	$(BIN)/python scripts/hop_latency.py
+	$(BIN)/tiermesh bench engine
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache .tiermesh
