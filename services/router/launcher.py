@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -60,6 +61,28 @@ class Child:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+# `--base-port B` layout: router B, tiers B+10..12, metrics B+20..23, control plane B+30.
+BASE_PORT_OFFSETS = (0, 10, 11, 12, 20, 21, 22, 23, 30)
+
+
+def free_base_port(attempts: int = 50) -> int:
+    """A base port whose whole `--base-port` layout is free on 127.0.0.1 right now."""
+    for _ in range(attempts):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = int(s.getsockname()[1])
+        if base + max(BASE_PORT_OFFSETS) > 65535:
+            continue
+        try:
+            for offset in BASE_PORT_OFFSETS[1:]:
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", base + offset))
+        except OSError:
+            continue
+        return base
+    raise OSError("no free port layout found for the mesh")
 
 
 def tier_config_path(tier: str) -> Path:

@@ -5,11 +5,8 @@ on its span file, then SIGTERM stops every service."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,28 +14,9 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from services.router.launcher import free_base_port
+from tests.e2e.run_process import ROOT, TIERMESH, tiermesh_run
 from tests.tiny_model import build_tiny_model
-
-TIERMESH = [sys.executable, "-m", "services.router.cli"]
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_base_port() -> int:
-    """A base port B with B and B+10..12 free (the layout `tiermesh run --base-port` uses)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + 12 > 65535:
-            continue
-        try:
-            for port in (base + 10, base + 11, base + 12):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port layout found")
 
 
 class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
@@ -73,51 +51,17 @@ def otlp_receiver():
 @pytest.fixture
 def mesh_process(tiny_model_dir: Path, tmp_path: Path, otlp_receiver):
     other = build_tiny_model(tmp_path / "large-model", seed=7)
-    base = _free_base_port()
+    base = free_base_port()
     env = {
-        **os.environ,
         "TIERMESH_RUN_DIR": str(tmp_path / "run"),
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver[1],
         "OTEL_BSP_SCHEDULE_DELAY": "100",
         "OTEL_METRIC_EXPORT_INTERVAL": "1000",
     }
-    command = [
-        *TIERMESH,
-        "run",
-        "--no-demo",
-        "--base-port",
-        str(base),
-        "--model",
-        f"small={tiny_model_dir}",
-        "--model",
-        f"medium={tiny_model_dir}",
-        "--model",
-        f"large={other}",
-    ]
-    process = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    output: list[str] = []
-    deadline = time.monotonic() + 120
-    assert process.stdout is not None
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        output.append(line)
-        if "serving; Ctrl-C" in line:
-            break
-    else:
-        process.kill()
-    assert process.poll() is None, "".join(output)
-    yield process, f"127.0.0.1:{base}", output, otlp_receiver[0], tmp_path / "run"
-    if process.poll() is None:  # the test failed midway: stop the mesh the normal way first
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    models = [f"small={tiny_model_dir}", f"medium={tiny_model_dir}", f"large={other}"]
+    args = ["--base-port", str(base), *(a for m in models for a in ("--model", m))]
+    with tiermesh_run(args, env) as (process, output):
+        yield process, f"127.0.0.1:{base}", output, otlp_receiver[0], tmp_path / "run"
 
 
 def test_run_then_chat_json_then_sigterm(mesh_process) -> None:

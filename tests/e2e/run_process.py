@@ -1,0 +1,51 @@
+"""Starts `tiermesh run` as a child process for end-to-end tests and stops it the normal way."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+TIERMESH = [sys.executable, "-m", "services.router.cli"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def tiermesh_run(
+    args: list[str], env: dict[str, str]
+) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+    """Yields the process once it serves, and the lines it printed until then."""
+    process = subprocess.Popen(
+        [*TIERMESH, "run", "--no-demo", *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output: list[str] = []
+    deadline = time.monotonic() + 120
+    assert process.stdout is not None
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        output.append(line)
+        if "serving; Ctrl-C" in line:
+            break
+    try:
+        assert process.poll() is None, "".join(output)
+        yield process, output
+    finally:
+        if process.poll() is None:  # the test failed midway: stop the mesh the normal way first
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()

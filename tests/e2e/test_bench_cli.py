@@ -1,0 +1,117 @@
+"""`tiermesh bench` end to end: it starts its own mesh of child processes on tiny models, runs
+single, hybrid and progressive under one short seeded schedule, prints the JSON contract as the
+last line and writes the report files. (Speed and quality are for the benchmark, not the test.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.bench.report import TARGETS
+from services.workload import load_split, score
+from tests.tiny_model import build_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ("single", "hybrid", "progressive")
+
+
+@pytest.fixture(scope="module")
+def bench_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("bench")
+    large = build_tiny_model(tmp / "large-model", seed=7)
+    out = tmp / "report"
+    command = [sys.executable, "-m", "services.router.cli", "bench", "--json", "--out", str(out)]
+    command += ["--scenario", "long-tail", "--rate", "5", "--duration", "2", "--warmup", "0.5"]
+    command += ["--max-tokens", "6", "--seed", "11"]
+    for tier, model in (("small", tiny_model_dir), ("medium", tiny_model_dir), ("large", large)):
+        command += ["--model", f"{tier}={model}"]
+    run = subprocess.run(
+        command,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "TIERMESH_RUN_DIR": str(tmp / "run")},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1]), out, run.stderr
+
+
+def test_json_contract(bench_run) -> None:
+    report, _, _ = bench_run
+    assert report["benchmark"] == "hybrid_vs_single"
+    assert list(report["configurations"]) == list(CONFIGS)
+    for name in ("hybrid_vs_single", "progressive_vs_single"):
+        assert set(report["ratios"][name]) >= {"simple_p99_ttft", "throughput", "cost", "quality"}
+    assert report["scenario"]["name"] == "long-tail" and report["scenario"]["seed"] == 11
+    assert report["mesh"]["started_by_bench"] is True
+    for name, config in report["configurations"].items():
+        requests = config["requests"]
+        assert requests["completed"] > 0, name
+        assert (
+            requests["scheduled"] == requests["completed"] + requests["failed"] + requests["shed"]
+        )
+        assert config["throughput_rps"] > 0
+        assert config["latency"]["simple"]["ttft_ms"]["p99"] > 0
+        assert set(config["cpu_seconds"]) == {"small", "medium", "large", "router"}
+        assert config["cost_per_1m_output_tokens"]["cpu"] > 0
+        assert config["cost_per_1m_output_tokens"]["a100"] > 0
+        large = config["memory"]["large"]
+        assert large["rss_peak_bytes"] > 0 and large["kv_pool_bytes"] > 0
+        assert large["weights_bytes"] > 0 and "kv_pool_peak_tokens" in large
+    single = report["configurations"]["single"]
+    assert single["answered_by"] == {"large": single["requests"]["completed"]}
+    ratio = report["ratios"]["hybrid_vs_single"]["throughput"]
+    assert ratio == pytest.approx(
+        report["configurations"]["hybrid"]["throughput_rps"] / single["throughput_rps"], rel=1e-3
+    )
+    assert [key for key, _, _ in TARGETS] == ["simple_p99_ttft", "throughput", "cost", "quality"]
+
+
+def test_every_configuration_saw_the_same_requests(bench_run) -> None:
+    _, out, _ = bench_run
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    sequences = {
+        name: [
+            (r["index"], r["item_id"], r["scheduled_at_s"])
+            for r in rows
+            if r["configuration"] == name
+        ]
+        for name in CONFIGS
+    }
+    assert sequences["single"] == sequences["hybrid"] == sequences["progressive"]
+    assert len(sequences["single"]) > 0
+
+
+def test_accuracy_is_the_scorers_on_the_recorded_answers(bench_run) -> None:
+    report, out, _ = bench_run
+    items = {item.id: item for item in load_split("test")}
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    warmup, end = report["scenario"]["warmup_s"], report["scenario"]["duration_s"]
+    for name, config in report["configurations"].items():
+        done = [
+            r
+            for r in rows
+            if r["configuration"] == name and r["status"] == "OK"
+            and warmup <= r["scheduled_at_s"] < end
+        ]  # fmt: skip
+        recount = sum(score(items[r["item_id"]], r["text"]) for r in done) / len(done)
+        accuracy = config["quality"]["accuracy"]
+        assert isinstance(accuracy, float) and 0.0 <= accuracy <= 1.0
+        assert accuracy == pytest.approx(recount, abs=1e-4)
+        assert config["quality"]["scored"] == len(done)
+
+
+def test_report_files_and_tables(bench_run) -> None:
+    _, out, stderr = bench_run
+    for name in ("latency_cdf.png", "cost_vs_quality.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    markdown = (out / "report.md").read_text()
+    assert "latency by request class" in markdown and "![latency_cdf.png]" in markdown
+    assert json.loads((out / "report.json").read_text())["benchmark"] == "hybrid_vs_single"
+    assert "ratios against single" in stderr
