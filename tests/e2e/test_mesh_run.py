@@ -7,11 +7,15 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 from pathlib import Path
 
+import grpc
 import pytest
+from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
 from services.router.launcher import free_base_port
+from services.router.sdk import FinalEvent, RouteEvent, RouterClient
 from tests.e2e.run_process import ROOT, TIERMESH, tiermesh_run
 
 
@@ -26,6 +30,12 @@ def mesh_process(tiny_model_dir: Path, tmp_path: Path):
     env = {"TIERMESH_RUN_DIR": str(tmp_path / "run")}
     with tiermesh_run(["--mesh", "--base-port", str(base), *models], env) as (process, output):
         yield process, base, tmp_path / "run", output
+
+
+def _completed(address: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        stub = tier_pb2_grpc.TierServiceStub(channel)
+        return int(stub.GetStatus(tier_pb2.GetStatusRequest(), timeout=5).completed)
 
 
 def test_run_mesh_routes_through_xds(mesh_process) -> None:
@@ -64,6 +74,25 @@ def test_run_mesh_routes_through_xds(mesh_process) -> None:
         "EDS": "ACKED",
     }
     assert set(types["LDS"]["resource_names"]) >= {"tier-small", "tier-large"}
+
+    # Editing the topology moves traffic without dropping a stream already in flight.
+    router_address, small, medium = (f"127.0.0.1:{base + o}" for o in (0, 10, 11))
+    with RouterClient(router_address) as client:
+        stream = client.chat_stream("Hi", mode="pinned", tier="small", max_tokens=250)
+        assert isinstance(next(stream), RouteEvent)
+        path = run_dir / "logs" / "topology.yaml"
+        path.write_text(path.read_text().replace(small, medium))
+        edited = time.monotonic()
+        events = list(stream)
+        final = events[-1]
+        assert isinstance(final, FinalEvent) and final.tier == "small"
+        assert final.usage[0]["completion_tokens"] > 0
+        before = _completed(medium)
+        while _completed(medium) == before:
+            assert time.monotonic() - edited < 10, "traffic did not move to the new endpoint"
+            client.chat("Hi", mode="pinned", tier="small", max_tokens=2)
+        moved_s = time.monotonic() - edited
+    print(f"topology edit -> traffic on the new endpoint: {moved_s * 1000:.0f} ms")
 
     process.send_signal(signal.SIGTERM)
     rest, _ = process.communicate(timeout=60)
