@@ -41,6 +41,7 @@ class TierConfig:
     batching: bool = True  # continuous batching over a KV-cache pool (GPT-2 models), else
     # one decode thread per request with its own growing cache
     kv_max_len: int = 0  # positions per KV-cache pool slot; 0 = the model's context length
+    prefill_tokens_per_step: int = 512  # batching: prompt tokens prefilled between decode steps
     # tensorrt_llm only: share of free GPU memory for the KV cache when kv_max_len is 0, and
     # the most tokens one scheduler iteration may process (0 = the library's default)
     kv_free_gpu_memory_fraction: float = 0.85
@@ -59,6 +60,7 @@ class TierConfig:
         _require(1 <= self.tokens_per_chunk <= 64, "tokens_per_chunk", "must be in [1, 64]")
         _require(self.drain_grace_s >= 0, "drain_grace_s", "must be >= 0")
         _require(self.kv_max_len >= 0, "kv_max_len", "must be >= 0")
+        _require(self.prefill_tokens_per_step >= 1, "prefill_tokens_per_step", "must be >= 1")
         _require(
             0.0 < self.kv_free_gpu_memory_fraction <= 1.0,
             "kv_free_gpu_memory_fraction",

@@ -48,10 +48,15 @@ class BatchScheduler:
     (the engine's admission guarantees it); the inbox is therefore bounded by the pool.
     """
 
-    def __init__(self, loaded: LoadedModel, pool: KvCachePool, prefills_per_step: int = 1) -> None:
+    def __init__(
+        self, loaded: LoadedModel, pool: KvCachePool, prefill_tokens_per_step: int = 512
+    ) -> None:
         self._loaded = loaded
         self._pool = pool
-        self._prefills_per_step = prefills_per_step
+        # Between two decode steps, waiting requests are prefilled while their prompt tokens
+        # fit this budget (at least one): a burst starts together, yet running streams are
+        # never stalled for long by a queue of long prompts.
+        self._prefill_budget = prefill_tokens_per_step
         self._inbox: queue.Queue[Sequence] = queue.Queue(maxsize=pool.slots)
         self._active: dict[int, Sequence] = {}  # slot -> sequence
         self._closing = threading.Event()
@@ -78,11 +83,14 @@ class BatchScheduler:
                         self._admit(self._inbox.get(timeout=0.05))
                     except queue.Empty:
                         continue
-                for _ in range(self._prefills_per_step):
+                budget = self._prefill_budget
+                while budget > 0:
                     try:
-                        self._admit(self._inbox.get_nowait())
+                        sequence = self._inbox.get_nowait()
                     except queue.Empty:
                         break
+                    budget -= len(sequence.prompt_ids)
+                    self._admit(sequence)
                 if self._active:
                     self._step()
             except Exception as e:  # a failed forward fails the running requests, not the tier

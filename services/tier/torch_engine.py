@@ -60,7 +60,7 @@ class TorchEngine:
             max_len = min(cfg.kv_max_len or loaded.context_length, loaded.context_length)
             loaded = _with_context(loaded, max_len)
             self._pool = gpt2_pooled.create_pool(loaded.model, cfg.max_running, max_len)
-            self._scheduler = BatchScheduler(loaded, self._pool)
+            self._scheduler = BatchScheduler(loaded, self._pool, cfg.prefill_tokens_per_step)
             self._scheduler.start()
         else:
             self._executor = ThreadPoolExecutor(
