@@ -30,6 +30,10 @@ def register(commands: Any) -> None:
     label.add_argument("--splits", default="train,dev,test", help="comma-separated splits")
     label.add_argument("--limit", type=int, help="first N items of each split")
     label.add_argument("--model", action="append", default=[], metavar="TIER=PATH")
+    label.add_argument(
+        "--tiers", default="small,medium,large", help="tiers to run; others keep their results"
+    )
+    label.add_argument("--threads", type=int, default=2, help="torch threads")
     label.set_defaults(func=cmd_label)
     train = actions.add_parser("train", help="train the predictor, tune cost_target on dev")
     train.add_argument("--quality-target", type=float, default=0.97, help="of always-large")
@@ -45,13 +49,20 @@ def register(commands: Any) -> None:
 
 
 def cmd_label(args: argparse.Namespace) -> int:
-    from services.routing.outcomes import build_outcomes, model_paths, outcomes_path, write_outcomes
+    from services.routing.outcomes import (
+        build_outcomes,
+        load_outcomes,
+        model_paths,
+        outcomes_path,
+        write_outcomes,
+    )
 
     overrides = {}
     for value in args.model:
         tier, _, path = value.partition("=")
         overrides[tier] = Path(path)
-    models = model_paths(overrides)
+    wanted = args.tiers.split(",")
+    models = {t: p for t, p in model_paths(overrides).items() if t in wanted}
     console = Console()
     for tier, path in models.items():
         if not (path / "config.json").is_file():
@@ -65,7 +76,11 @@ def cmd_label(args: argparse.Namespace) -> int:
             def advance(tier: str, done: int, total: int, tasks: Any = tasks) -> None:
                 progress.update(tasks[tier], completed=done, total=total)
 
-            outcomes = build_outcomes(split, models, args.limit, progress=advance)
+            path = outcomes_path(split)
+            previous = load_outcomes(split) if path.is_file() and len(models) < 3 else None
+            outcomes = build_outcomes(
+                split, models, args.limit, progress=advance, threads=args.threads, previous=previous
+            )
             write_outcomes(outcomes, outcomes_path(split))
             labels = {t: sum(o.label == t for o in outcomes) for t in (*TIER_NAMES, "none")}
             console.print(f"{split}: {len(outcomes)} requests, cheapest correct tier {labels}")

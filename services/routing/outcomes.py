@@ -79,6 +79,7 @@ async def answer_all(
     max_tokens: int,
     concurrency: int = 16,
     progress: Callable[[int], None] | None = None,
+    threads: int = 2,
 ) -> list[tuple[str, int, float]]:
     """(text, output tokens, confidence) per item from one model, with continuous batching."""
     config = TierConfig(
@@ -87,7 +88,7 @@ async def answer_all(
         max_running=concurrency,
         max_queued=len(items),
         max_tokens=max_tokens,
-        torch_threads=2,
+        torch_threads=threads,
         tokens_per_chunk=64,
     )
     engine = TorchEngine(config)
@@ -130,8 +131,11 @@ def build_outcomes(
     limit: int | None = None,
     max_tokens: int = 160,
     progress: Callable[[str, int, int], None] | None = None,
+    threads: int = 2,
+    previous: list[Outcome] | None = None,
 ) -> list[Outcome]:
-    """Runs each tier over the split (its first `limit` items) and scores the answers."""
+    """Runs each tier in `models` over the split (its first `limit` items) and scores the
+    answers; tiers not in `models` keep their results from `previous` (same items)."""
     items = load_split(split)[:limit] if limit else load_split(split)
     per_tier: dict[str, list[tuple[str, int, float]]] = {}
     for tier, model in models.items():
@@ -143,10 +147,13 @@ def build_outcomes(
             if progress is not None:
                 progress(tier, done, len(items))
 
-        per_tier[tier] = asyncio.run(answer_all(model, items, max_tokens, progress=advance))
+        per_tier[tier] = asyncio.run(
+            answer_all(model, items, max_tokens, progress=advance, threads=threads)
+        )
+    kept = {o.id: o.tiers for o in previous or []}
     outcomes = []
     for index, item in enumerate(items):
-        tiers = {}
+        tiers = {t: o for t, o in kept.get(item.id, {}).items() if t not in per_tier}
         for tier, answers in per_tier.items():
             text, tokens, confidence = answers[index]
             tiers[tier] = TierOutcome(score(item, text), tokens, round(confidence, 5))
