@@ -1,6 +1,8 @@
 """`tiermesh bench ...`: benchmarks that compare configurations side by side in one run.
 
-tiermesh bench engine [--json]     continuous batching vs sequential generate
+tiermesh bench [--scenario S] [--json] [--out DIR]   single vs hybrid vs progressive under load
+tiermesh bench sweep [--clients 1,2,...,64]          throughput by concurrency, single vs hybrid
+tiermesh bench engine [--json]                       continuous batching vs sequential generate
 """
 
 from __future__ import annotations
@@ -31,8 +33,16 @@ def _levels(value: str) -> list[int]:
 
 
 def register(commands: Any) -> None:
-    bench = commands.add_parser("bench", help="benchmarks (engine batching, ...)")
-    kinds = bench.add_subparsers(dest="bench_kind", metavar="KIND", required=True)
+    from services.bench.hybrid_cli import register_hybrid
+
+    bench = commands.add_parser(
+        "bench",
+        help="hybrid vs single-model benchmark (no KIND); sweep; engine batching",
+        description="Without KIND: single, hybrid and progressive one after the other under the "
+        "same seeded load, with latency, throughput, quality, cost and memory per configuration.",
+    )
+    kinds = bench.add_subparsers(dest="bench_kind", metavar="KIND", required=False)
+    register_hybrid(bench, kinds)
     engine = kinds.add_parser(
         "engine", help="our continuous batching vs sequential HF generate, side by side"
     )

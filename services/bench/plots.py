@@ -1,0 +1,100 @@
+"""PNG plots of a benchmark: latency CDFs per configuration, throughput against concurrency, and
+cost against quality. Headless: figures are drawn with matplotlib's Agg canvas, never a window.
+
+Knows the report's JSON shape and request records; nothing of how they were measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
+
+from services.bench.loadgen import RequestRecord
+
+COLOURS = {"single": "#c0392b", "hybrid": "#2471a3", "progressive": "#229954"}
+
+
+def _save(figure: Figure, path: Path) -> Path:
+    FigureCanvasAgg(figure)
+    figure.tight_layout()
+    figure.savefig(str(path), dpi=110)
+    return path
+
+
+def _cdf(values: Sequence[float]) -> tuple[list[float], list[float]]:
+    ordered = sorted(values)
+    return ordered, [(i + 1) / len(ordered) for i in range(len(ordered))]
+
+
+def latency_cdfs(
+    records: Mapping[str, Sequence[RequestRecord]], warmup_s: float, end_s: float, path: Path
+) -> Path:
+    """Two panels: TTFT and time to the final answer (ms, log scale), one line per
+    configuration, over completed requests that arrived after the warm-up."""
+    figure = Figure(figsize=(10, 4))
+    panels = (("ttft_s", "time to first token"), ("final_s", "time to final answer"))
+    for index, (attribute, title) in enumerate(panels):
+        axes = figure.add_subplot(1, 2, index + 1)
+        for name, rows in records.items():
+            values = [
+                getattr(r, attribute) * 1000
+                for r in rows
+                if r.ok and warmup_s <= r.scheduled_at_s < end_s and getattr(r, attribute)
+            ]
+            if values:
+                xs, ys = _cdf(values)
+                axes.step(xs, ys, where="post", label=name, color=COLOURS.get(name))
+        axes.set_xscale("log")
+        axes.xaxis.set_minor_formatter(NullFormatter())
+        axes.set_xlabel("ms (log)")
+        axes.set_ylabel("share of requests")
+        axes.set_title(title)
+        axes.grid(True, alpha=0.3)
+        axes.legend()
+    return _save(figure, path)
+
+
+def throughput_vs_concurrency(sweep: Mapping[str, Any], path: Path) -> Path:
+    """Completed requests/s against closed-loop clients, one line per configuration."""
+    figure = Figure(figsize=(6, 4))
+    axes = figure.add_subplot(1, 1, 1)
+    levels = [row["clients"] for row in sweep["rows"]]
+    for name in sweep["configurations"]:
+        values = [row[name]["throughput_rps"] for row in sweep["rows"]]
+        axes.plot(levels, values, marker="o", label=name, color=COLOURS.get(name))
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(levels, [str(level) for level in levels])
+    axes.set_xlabel("concurrent clients")
+    axes.set_ylabel("completed requests / s")
+    axes.set_title("throughput by concurrency")
+    axes.grid(True, alpha=0.3)
+    axes.legend()
+    return _save(figure, path)
+
+
+def cost_vs_quality(report: Mapping[str, Any], path: Path) -> Path:
+    """Cost per 1M output tokens (one panel per price profile) against accuracy."""
+    profiles = list(report["prices"])
+    figure = Figure(figsize=(5 * max(1, len(profiles)), 4))
+    for index, profile in enumerate(profiles):
+        axes = figure.add_subplot(1, max(1, len(profiles)), index + 1)
+        for position, (name, config) in enumerate(report["configurations"].items()):
+            cost = config["cost_per_1m_output_tokens"].get(profile)
+            quality = config["quality"]["accuracy"]
+            if cost is None or quality is None:
+                continue
+            axes.scatter([cost], [quality], s=60, label=name, color=COLOURS.get(name))
+            offset = (6, 6 + 12 * position)  # staggered so equal points stay readable
+            axes.annotate(name, (cost, quality), textcoords="offset points", xytext=offset)
+        axes.set_xlim(left=0)
+        axes.set_xlabel(f"$ per 1M output tokens ({profile})")
+        axes.set_ylabel("accuracy")
+        axes.set_ylim(-0.02, 1.02)
+        axes.set_title(f"cost vs quality ({profile})")
+        axes.grid(True, alpha=0.3)
+    return _save(figure, path)
