@@ -47,6 +47,7 @@ models: setup  ## train the built-in model family, then routing labels and the p
 bench: setup  ## router-hop and tracing latency, engine batching, hybrid vs single
 	$(BIN)/python scripts/hop_latency.py
 	$(BIN)/tiermesh bench engine
+	$(BIN)/tiermesh bench --scenario long-tail --out report/
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache .tiermesh
