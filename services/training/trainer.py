@@ -1,0 +1,185 @@
+"""Trains one tier's GPT-2-shaped model on the workload stream and writes a Hugging Face folder.
+
+Each optimiser step takes one class's batch (so padding stays short), feeds prompt + answer +
+end-of-text from position 0 exactly as serving will, and counts loss on the answer only. The
+learning-rate schedule follows the share of the time budget spent (or of `steps` when given, which
+makes a run repeatable step for step), so a busy machine shortens training instead of overrunning.
+Knows the workload and torch; nothing of gRPC or serving.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from services.training.recipes import TierRecipe
+from services.training.tokenizer import EOS_TOKEN, prompt_text, save_tokenizer
+from services.workload import CLASSES, RequestClass, WorkloadItem, stream
+
+# share of optimiser steps per class (each step is one class's batch of ~batch_tokens)
+STEP_MIX: dict[RequestClass, float] = {"simple": 0.2, "medium": 0.4, "complex": 0.4}
+TYPICAL_LENGTH: dict[RequestClass, int] = {"simple": 32, "medium": 44, "complex": 128}
+NOTE_EVERY_S = 60.0  # a plain progress line this often, for logs that are not a terminal
+
+
+@dataclass(frozen=True)
+class TrainingReport:
+    """What one training run did; written next to the checkpoint as training.json."""
+
+    tier: str
+    seed: int
+    steps: int
+    seconds: float
+    tokens: int
+    params: int
+    final_loss: float
+    recipe: dict[str, Any]
+
+
+class ExampleBatches:
+    """Endless (class, input_ids, labels, attention_mask) batches from the workload stream."""
+
+    def __init__(self, tokenizer: Any, seed: int, held_out: frozenset[str], batch_tokens: int):
+        self._tokenizer = tokenizer
+        self._rng = random.Random(seed)
+        self._held_out = held_out
+        self._rows = {c: max(1, batch_tokens // TYPICAL_LENGTH[c]) for c in CLASSES}
+        self._streams = {c: self._fresh(stream(seed, c)) for c in CLASSES}
+
+    def _fresh(self, items: Iterator[WorkloadItem]) -> Iterator[WorkloadItem]:
+        for item in items:
+            if item.request_class == "simple" or item.prompt not in self._held_out:
+                yield item
+
+    def next_batch(self) -> tuple[RequestClass, torch.Tensor, torch.Tensor, torch.Tensor]:
+        request_class = self._rng.choices(CLASSES, weights=[STEP_MIX[c] for c in CLASSES])[0]
+        items = [next(self._streams[request_class]) for _ in range(self._rows[request_class])]
+        prompts = self._tokenizer([prompt_text(i.prompt) for i in items])["input_ids"]
+        answers = self._tokenizer(
+            [i.reference + EOS_TOKEN for i in items], add_special_tokens=False
+        )["input_ids"]
+        width = max(len(p) + len(a) for p, a in zip(prompts, answers, strict=True))
+        pad = int(self._tokenizer.pad_token_id)
+        ids = torch.full((len(items), width), pad, dtype=torch.long)  # (B, T)
+        labels = torch.full((len(items), width), -100, dtype=torch.long)  # (B, T)
+        mask = torch.zeros((len(items), width), dtype=torch.long)  # (B, T)
+        for row, (p, a) in enumerate(zip(prompts, answers, strict=True)):
+            ids[row, : len(p) + len(a)] = torch.tensor(p + a)
+            labels[row, len(p) : len(p) + len(a)] = torch.tensor(a)
+            mask[row, : len(p) + len(a)] = 1
+        return request_class, ids, labels, mask
+
+
+def build_model(recipe: TierRecipe, tokenizer: Any) -> Any:
+    """A freshly initialised GPT2LMHeadModel of the recipe's shape for this tokenizer."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=recipe.n_positions,
+        n_embd=recipe.n_embd,
+        n_layer=recipe.n_layer,
+        n_head=recipe.n_head,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    return GPT2LMHeadModel(config)
+
+
+def _lr_at(step: int, progress: float, recipe: TierRecipe) -> float:
+    """Linear warm-up over warmup_steps, then cosine from lr to lr / 10 as progress goes 0 -> 1."""
+    if step < recipe.warmup_steps:
+        return recipe.lr * (step + 1) / recipe.warmup_steps
+    return recipe.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
+
+
+def _step(model: Any, optimiser: Any, batch: tuple[Any, ...], lr: float) -> tuple[float, int]:
+    _, ids, labels, mask = batch
+    for group in optimiser.param_groups:
+        group["lr"] = lr
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimiser.step()
+    optimiser.zero_grad(set_to_none=True)
+    return float(loss.item()), int(mask.sum().item())
+
+
+def train_tier(
+    recipe: TierRecipe,
+    tokenizer: Any,
+    out_dir: Path,
+    *,
+    seconds: float,
+    seed: int,
+    held_out: frozenset[str],
+    steps: int | None = None,
+) -> TrainingReport:
+    """Trains one tier for about `seconds` (or exactly `steps`) and saves it (fp16) to out_dir."""
+    torch.manual_seed(seed)
+    model = build_model(recipe, tokenizer)
+    model.train()
+    optimiser = torch.optim.AdamW(
+        model.parameters(), lr=recipe.lr, betas=(0.9, 0.98), weight_decay=recipe.weight_decay
+    )
+    batches = ExampleBatches(tokenizer, seed, held_out, recipe.batch_tokens)
+    params = sum(p.numel() for p in model.parameters())
+    start = time.perf_counter()
+    step, tokens, ema = 0, 0, 0.0
+    last_note = start
+    columns = (
+        TextColumn(f"[bold]{recipe.tier}[/] {params / 1e6:.1f}M"),
+        BarColumn(),
+        TextColumn("step {task.fields[step]} loss {task.fields[loss]:.3f}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns) as progress:
+        task = progress.add_task(recipe.tier, total=1.0, step=0, loss=float("nan"))
+        done = 0.0
+        while done < 1.0:
+            lr = _lr_at(step, done, recipe)
+            loss, n = _step(model, optimiser, batches.next_batch(), lr)
+            step, tokens = step + 1, tokens + n
+            ema = loss if step == 1 else 0.98 * ema + 0.02 * loss
+            now = time.perf_counter()
+            done = step / steps if steps is not None else (now - start) / seconds
+            progress.update(task, completed=min(1.0, done), step=step, loss=ema)
+            if now - last_note >= NOTE_EVERY_S:
+                last_note = now
+                progress.console.print(
+                    f"{recipe.tier} step {step} {100 * done:.0f}% loss {ema:.4f} "
+                    f"{tokens / (now - start):,.0f} tok/s"
+                )
+    elapsed = time.perf_counter() - start
+    save_checkpoint(model, tokenizer, out_dir)
+    report = TrainingReport(
+        recipe.tier, seed, step, round(elapsed, 1), tokens, params, round(ema, 4), asdict(recipe)
+    )
+    (out_dir / "training.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
+    return report
+
+
+def save_checkpoint(model: Any, tokenizer: Any, out_dir: Path) -> None:
+    """Writes config.json, model.safetensors (fp16) and the tokenizer files to out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob("*.safetensors"):
+        stale.unlink()
+    model.eval()
+    model.to(torch.float16).save_pretrained(str(out_dir), safe_serialization=True)
+    model.to(torch.float32)
+    save_tokenizer(tokenizer, out_dir)

@@ -1,0 +1,34 @@
+"""The committed built-in checkpoints load the way serving loads them and answer correctly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.tier.model_loading import load_causal_lm, render_prompt
+from services.training.evaluation import complete
+from services.workload import load_split, score
+
+ROOT = Path(__file__).resolve().parents[2]
+TIERS = ("small", "medium", "large")
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_checkpoint_loads_with_chat_template_and_eos(tier: str) -> None:
+    loaded = load_causal_lm(ROOT / "services" / f"tier_{tier}" / "model")
+    tokenizer = loaded.tokenizer
+    assert loaded.eos_token_ids == frozenset({tokenizer.eos_token_id})
+    rendered = render_prompt(tokenizer, [("user", "What is your return policy?")])
+    assert rendered == "<|user|>What is your return policy?\n<|assistant|>"
+    assert loaded.params > 0 and loaded.context_length >= 256
+
+
+def test_small_model_answers_simple_test_items_greedily() -> None:
+    loaded = load_causal_lm(ROOT / "services" / "tier_small" / "model")
+    simple = [i for i in load_split("test") if i.request_class == "simple"][:12]
+    answers = {item.id: complete(loaded, item.prompt).text for item in simple}
+    right = [item.id for item in simple if score(item, answers[item.id])]
+    assert len(right) >= 11, answers
+    returns = complete(loaded, "What is your return policy?").text
+    assert returns.startswith("You can return any unused item within 30 days")
