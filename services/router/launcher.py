@@ -207,8 +207,8 @@ def tier_memory(address: str) -> tuple[str, str]:
     mib = 1024 * 1024
     weights, pool = status.weights_bytes / mib, status.kv_pool_bytes / mib
     return (
-        f"{status.model} ({status.params / 1e6:.1f}M params)",
-        f"{weights:.1f} + {pool:.1f} MiB ({status.kv_pool_capacity_tokens} positions)",
+        f"{status.params / 1e6:.1f}M params",
+        f"{weights:.1f} + {pool:.1f} MiB",
     )
 
 
@@ -285,13 +285,14 @@ def run_mesh(
 
 def _print_addresses(children: list[Child], run_dir: Path, console: Console) -> None:
     table = Table(title="tiermesh is up")
-    for column in ("service", "address", "pid", "model", "memory (weights + KV pool)", "log"):
+    for column in ("service", "address", "pid", "model", "memory: weights + KV pool"):
         table.add_column(column)
     for child in children:
         pid = str(child.process.pid) if child.process else "-"
         model, memory = tier_memory(child.address) if child.name in TIER_NAMES else ("", "")
-        table.add_row(child.name, child.address, pid, model, memory, str(child.log_path))
+        table.add_row(child.name, child.address, pid, model, memory)
     console.print(table)
+    console.print(f"logs: {children[0].log_path.parent}/<service>.log")
     router = children[-1].address
     flag = "" if router == env.DEFAULT_ROUTER_ADDRESS else f" --router {router}"
     console.print(f'try: [bold]tiermesh chat{flag} --mode progressive "Where is my order?"[/bold]')

@@ -78,7 +78,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
         self, request: tier_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[tier_pb2.GenerateChunk]:
         received_ns = time.time_ns()
-        span = self._telemetry.start(context.invocation_metadata(), request.request_id)
+        span = self._telemetry.start(context.invocation_metadata(), request.request_id, received_ns)
         generation: GenerationRequest | None = None
         first_token_ns: int | None = None
         usage: GenerationUsage | None = None

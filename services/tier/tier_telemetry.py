@@ -46,12 +46,15 @@ class TierTelemetry:
 
         return observe
 
-    def start(self, metadata: Sequence[tuple[str, Any]] | None, request_id: str) -> trace.Span:
+    def start(
+        self, metadata: Sequence[tuple[str, Any]] | None, request_id: str, start_ns: int
+    ) -> trace.Span:
         load = self._engine.load()
         return tracer().start_span(
             f"tier {self._tier} Generate",
             context=extract_context(metadata),
             kind=SpanKind.SERVER,
+            start_time=start_ns,
             attributes={
                 "rpc.system": "grpc",
                 "rpc.service": "tiermesh.v1.TierService",
