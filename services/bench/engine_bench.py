@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -21,6 +23,8 @@ from services.common.config import TierConfig
 from services.tier.engine import GenerationRequest
 from services.tier.model_loading import LoadedModel, encode_prompt, load_causal_lm, render_prompt
 from services.tier.torch_engine import TorchEngine
+
+T = TypeVar("T")
 
 DEFAULT_PROMPTS = [
     "What is your return policy?",
@@ -88,7 +92,6 @@ async def run_ours(
         max_queued=0,
         max_tokens=max_tokens,
         torch_threads=torch.get_num_threads(),
-        tokens_per_chunk=1,
     )
     engine = TorchEngine(config)
     await engine.start()
@@ -237,6 +240,13 @@ def bandwidth_bound(loaded: LoadedModel, batch1_tokens_per_s: float) -> dict[str
     }
 
 
+def _in_own_thread(function: Callable[..., T], *args: Any) -> T:
+    """Runs `function` on a thread that ends with it. Each thread issuing torch ops gets its
+    own OpenMP team; a team left alive on another thread would slow the engine under test."""
+    with ThreadPoolExecutor(max_workers=1) as thread:
+        return thread.submit(function, *args).result()
+
+
 def run_engine_bench(
     model: Path,
     levels: list[int],
@@ -246,7 +256,7 @@ def run_engine_bench(
     progress: Any = None,
 ) -> dict[str, Any]:
     prompts = prompts or DEFAULT_PROMPTS
-    loaded = load_causal_lm(model)
+    loaded = _in_own_thread(load_causal_lm, model)
     rows: list[LevelResult] = []
     skipped: dict[str, str] = {}
     for level in levels:
@@ -255,11 +265,11 @@ def run_engine_bench(
         rows.append(asyncio.run(run_ours(model, level, max_tokens, prompts)))
         if progress:
             progress(f"{level} streams: sequential generate")
-        rows.append(run_generate(loaded, level, max_tokens, prompts))
+        rows.append(_in_own_thread(run_generate, loaded, level, max_tokens, prompts))
         if with_transformers_batching and "hf_generate_batch" not in skipped:
             if progress:
                 progress(f"{level} streams: transformers generate_batch")
-            result = run_transformers_batching(loaded, level, max_tokens, prompts)
+            result = _in_own_thread(run_transformers_batching, loaded, level, max_tokens, prompts)
             if isinstance(result, str):
                 skipped["hf_generate_batch"] = result
             else:
@@ -274,7 +284,7 @@ def run_engine_bench(
         "levels": levels,
         "rows": [_row(r, by.get(("hf_generate", r.concurrency))) for r in rows],
         "skipped": skipped,
-        "bandwidth": bandwidth_bound(loaded, ours1.tokens_per_s if ours1 else 0.0),
+        "bandwidth": _in_own_thread(bandwidth_bound, loaded, ours1.tokens_per_s if ours1 else 0.0),
     }
     for level in levels:
         ours, base = by.get(("tiermesh", level)), by.get(("hf_generate", level))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,19 +61,22 @@ class BatchScheduler:
         self._inbox: queue.Queue[Sequence] = queue.Queue(maxsize=pool.slots)
         self._active: dict[int, Sequence] = {}  # slot -> sequence
         self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="batch-scheduler", daemon=True)
+        self._done: Future[None] | None = None
         self.steps = 0
         self.batched_tokens = 0
 
-    def start(self) -> None:
-        self._thread.start()
+    def start(self, torch_thread: ThreadPoolExecutor) -> None:
+        """Runs the loop on `torch_thread`: the one thread that issues this model's torch ops
+        (two threads issuing ops each get an OpenMP team, and the teams fight for the cores)."""
+        self._done = torch_thread.submit(self._run)
 
     def submit(self, sequence: Sequence) -> None:
         self._inbox.put_nowait(sequence)
 
     def shutdown(self) -> None:
         self._closing.set()
-        self._thread.join(timeout=30)
+        if self._done is not None:
+            self._done.result(timeout=30)
 
     def _run(self) -> None:
         while not self._closing.is_set():
@@ -140,11 +144,24 @@ class BatchScheduler:
         self._pool.note_use()
         self.steps += 1
         self.batched_tokens += len(slots)
-        for row, slot in enumerate(slots):
-            self._accept(self._active[slot], logits[row])
+        sequences = [self._active[s] for s in slots]
+        if all(s.request.sampling.greedy for s in sequences):  # one pass for the whole batch
+            logprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, V)
+            best = logprobs.argmax(dim=-1)  # (B,)
+            chosen = logprobs.gather(1, best[:, None])[:, 0]  # (B,)
+            for sequence, token, logprob in zip(
+                sequences, best.tolist(), chosen.tolist(), strict=True
+            ):
+                self._record(sequence, token, logprob)
+            return
+        for row, sequence in enumerate(sequences):
+            self._accept(sequence, logits[row])
 
     def _accept(self, sequence: Sequence, logits: torch.Tensor) -> None:
         token, logprob = choose_token(logits, sequence.request.sampling, sequence.generator)
+        self._record(sequence, token, logprob)
+
+    def _record(self, sequence: Sequence, token: int, logprob: float) -> None:
         sequence.generated += 1
         finish = None
         if token in self._loaded.eos_token_ids:

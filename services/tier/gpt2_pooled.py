@@ -83,9 +83,14 @@ def decode_step(model: Any, pool: KvCachePool, slots: list[int], tokens: list[in
     batch = len(slots)
     slot_index = torch.tensor(slots, dtype=torch.long, device=device)  # (B,)
     position = torch.tensor([pool.lengths[s] for s in slots], dtype=torch.long, device=device)
-    window = int(position.max().item()) + 1
-    mask = torch.arange(window, device=device)[None, :] <= position[:, None]  # (B, W)
-    mask = mask[:, None, None, :]  # (B, 1, 1, W)
+    lengths = [pool.lengths[s] for s in slots]
+    window = max(lengths) + 1
+    mask: torch.Tensor | None = None  # every row sees its whole window: no mask needed
+    if min(lengths) != window - 1:
+        mask = torch.arange(window, device=device)[None, :] <= position[:, None]  # (B, W)
+        mask = mask[:, None, None, :]  # (B, 1, 1, W)
+    first = slots[0]
+    contiguous = slots == list(range(first, first + batch))  # then slices are views, not copies
     token = torch.tensor(tokens, dtype=torch.long, device=device)[:, None]  # (B, 1)
     x = gpt.wte(token) + gpt.wpe(position[:, None])  # (B, 1, C)
     for layer, block in enumerate(gpt.h):
@@ -93,8 +98,12 @@ def decode_step(model: Any, pool: KvCachePool, slots: list[int], tokens: list[in
         q, k, v = (_split_heads(t, heads) for t in (q, k, v))  # (B, nh, 1, hs)
         pool.keys[layer, slot_index, :, position] = k[:, :, 0]  # (B, nh, hs) into (S, nh, T, hs)
         pool.values[layer, slot_index, :, position] = v[:, :, 0]
-        keys = pool.keys[layer, slot_index, :, :window]  # (B, nh, W, hs)
-        values = pool.values[layer, slot_index, :, :window]  # (B, nh, W, hs)
+        if contiguous:
+            keys = pool.keys[layer, first : first + batch, :, :window]  # (B, nh, W, hs)
+            values = pool.values[layer, first : first + batch, :, :window]  # (B, nh, W, hs)
+        else:
+            keys = pool.keys[layer, slot_index, :, :window]  # (B, nh, W, hs)
+            values = pool.values[layer, slot_index, :, :window]  # (B, nh, W, hs)
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (B, nh, 1, hs)
         y = y.transpose(1, 2).reshape(batch, 1, width)  # (B, 1, C)
         x = x + block.attn.c_proj(y)

@@ -40,6 +40,7 @@ class TorchEngine:
         self._admission = Admission(config.max_running, config.max_queued)
         self._pool: KvCachePool | None = None
         self._scheduler: BatchScheduler | None = None
+        self._torch_thread: ThreadPoolExecutor | None = None  # loads the model, runs the batch
         self._executor: ThreadPoolExecutor | None = None
         self._stops: dict[str, threading.Event] = {}
         self._kv_used: dict[str, int] = {}  # sequential path: positions per request
@@ -55,13 +56,20 @@ class TorchEngine:
     async def start(self) -> None:
         torch.set_num_threads(self._config.torch_threads)
         cfg = self._config
-        loaded = await asyncio.to_thread(load_causal_lm, cfg.model_path, cfg.device, cfg.dtype)
+        self._torch_thread = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"torch-{cfg.name}"
+        )
+        loaded = await asyncio.get_running_loop().run_in_executor(
+            self._torch_thread, load_causal_lm, cfg.model_path, cfg.device, cfg.dtype
+        )
         if cfg.batching and gpt2_pooled.supports(loaded.model):
             max_len = min(cfg.kv_max_len or loaded.context_length, loaded.context_length)
             loaded = _with_context(loaded, max_len)
-            self._pool = gpt2_pooled.create_pool(loaded.model, cfg.max_running, max_len)
+            self._pool = await asyncio.get_running_loop().run_in_executor(
+                self._torch_thread, gpt2_pooled.create_pool, loaded.model, cfg.max_running, max_len
+            )
             self._scheduler = BatchScheduler(loaded, self._pool, cfg.prefill_tokens_per_step)
-            self._scheduler.start()
+            self._scheduler.start(self._torch_thread)
         else:
             self._executor = ThreadPoolExecutor(
                 max_workers=cfg.max_running, thread_name_prefix=f"decode-{cfg.name}"
@@ -240,6 +248,8 @@ class TorchEngine:
             await asyncio.to_thread(self._scheduler.shutdown)
         if self._executor is not None:
             await asyncio.to_thread(self._executor.shutdown, wait=True)
+        if self._torch_thread is not None:
+            await asyncio.to_thread(self._torch_thread.shutdown, wait=True)
 
 
 def _with_context(loaded: LoadedModel, context_length: int) -> LoadedModel:
