@@ -78,7 +78,7 @@ def test_run_mesh_routes_through_xds(mesh_process) -> None:
     # Editing the topology moves traffic without dropping a stream already in flight.
     router_address, small, medium = (f"127.0.0.1:{base + o}" for o in (0, 10, 11))
     with RouterClient(router_address) as client:
-        stream = client.chat_stream("Hi", mode="pinned", tier="small", max_tokens=250)
+        stream = client.chat_stream("Hi", mode="pinned", tier="small", max_tokens=200)
         assert isinstance(next(stream), RouteEvent)
         path = run_dir / "logs" / "topology.yaml"
         path.write_text(path.read_text().replace(small, medium))
