@@ -8,19 +8,12 @@ Plain dictionaries ready for json.dumps; knows nothing of xDS message classes or
 from __future__ import annotations
 
 import json
-import os
-import socket
 from typing import Any
 
 from mesh.topology import Topology
 
-BOOTSTRAP_FILE_ENV = "GRPC_XDS_BOOTSTRAP"
 BOOTSTRAP_CONFIG_ENV = "GRPC_XDS_BOOTSTRAP_CONFIG"
 ENVOY_ADMIN_PORT = 9901
-
-
-def default_node_id(role: str = "router") -> str:
-    return f"{role}~{socket.gethostname()}~{os.getpid()}"
 
 
 def grpc_bootstrap(

@@ -139,9 +139,6 @@ class SnapshotCache:
     def snapshot(self, group: str) -> Snapshot | None:
         return self._snapshots.get(group)
 
-    def groups(self) -> list[str]:
-        return sorted(self._snapshots)
-
     async def wait_for_change(self, group: str, seen: Snapshot | None) -> Snapshot:
         """Returns the group's snapshot as soon as it is not `seen` (at once if it already
         differs)."""

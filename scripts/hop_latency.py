@@ -33,7 +33,7 @@ from tiermesh.v1 import router_pb2, router_pb2_grpc, tier_pb2, tier_pb2_grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from services.router.launcher import _serving  # noqa: E402
+from services.router.launcher import is_serving  # noqa: E402
 
 PROMPT = "What is your return policy?"
 
@@ -90,7 +90,7 @@ def main() -> int:
         try:
             deadline = time.monotonic() + 180
             for port in [*ports_a.values(), *ports_b.values()]:
-                while not _serving(f"127.0.0.1:{port}"):
+                while not is_serving(f"127.0.0.1:{port}"):
                     if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                         console.print("[red]services did not start[/red]")
                         return 1

@@ -7,11 +7,11 @@ measured or what produced the tokens.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.common.config import read_toml
 from services.common.errors import ConfigError
 from services.common.tiers import TIER_NAMES
 
@@ -37,12 +37,7 @@ class PriceProfile:
 
 def load_prices(path: Path = DEFAULT_PRICES) -> dict[str, PriceProfile]:
     """Every profile of a price file; raises ConfigError naming the file and field."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: price file not found") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    data = read_toml(path, "price file")
     profiles = data.get("profiles")
     if not isinstance(profiles, dict) or not profiles:
         raise ConfigError(f"{path}: profiles: expected at least one [profiles.NAME] table")

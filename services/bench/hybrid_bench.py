@@ -14,7 +14,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,15 +65,6 @@ class LoadOptions:
     timeout_s: float = 30.0  # gRPC deadline of one chat
     max_in_flight: int = 128  # open loop: arrivals over this many in flight are shed
     idle_timeout_s: float = 60.0  # between configurations: wait this long for idle tiers
-
-
-@dataclass
-class RunResult:
-    """One configuration's load run: its records and the numbers that describe it."""
-
-    name: str
-    records: list[RequestRecord]
-    summary: dict[str, Any] = field(default_factory=dict)
 
 
 @contextlib.contextmanager

@@ -148,14 +148,19 @@ def _require(ok: bool, name: str, message: str) -> None:
 Config = TypeVar("Config", TierConfig, RouterConfig)
 
 
-def load_config(cls: type[Config], path: Path, **overrides: Any) -> Config:
-    """Reads `path` (TOML) into `cls`, applies non-None overrides, validates, and returns it."""
+def read_toml(path: Path, what: str = "config file") -> dict[str, Any]:
+    """The TOML table in `path`; raises ConfigError naming the file if it is missing or bad."""
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
+        raise ConfigError(f"{path}: {what} not found") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+
+
+def load_config(cls: type[Config], path: Path, **overrides: Any) -> Config:
+    """Reads `path` (TOML) into `cls`, applies non-None overrides, validates, and returns it."""
+    data = read_toml(path)
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return build_config(cls, data, base_dir=path.parent)

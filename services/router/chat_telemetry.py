@@ -7,7 +7,6 @@ Knows OpenTelemetry and the protobuf messages; makes no calls itself.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
@@ -182,7 +181,3 @@ class ChatTelemetry:
         if code == "CANCELLED" and self.mode == "progressive":
             router_metrics().refinements.add(1, {"tiermesh.outcome": "cancelled"})
         end_span(self.span, code, message)
-
-
-def now_ns() -> int:
-    return time.time_ns()

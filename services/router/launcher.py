@@ -172,7 +172,7 @@ def wait_healthy(children: list[Child], console: Console) -> bool:
                     console.print(f"[red]{name} exited with code {code}[/red]; log tail:")
                     console.print(child.log_tail(), markup=False)
                     return False
-                if _serving(child.address):
+                if is_serving(child.address):
                     del pending[name]
                     console.print(f"[green]✓[/green] {name} serving on {child.address}")
             status.update(f"waiting for {', '.join(pending)}…")
@@ -183,7 +183,8 @@ def wait_healthy(children: list[Child], console: Console) -> bool:
     return True
 
 
-def _serving(address: str) -> bool:
+def is_serving(address: str) -> bool:
+    """True when the service at `address` answers gRPC health with SERVING."""
     try:
         with grpc.insecure_channel(address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
@@ -296,7 +297,6 @@ def _print_addresses(children: list[Child], run_dir: Path, console: Console) -> 
     router = children[-1].address
     flag = "" if router == env.DEFAULT_ROUTER_ADDRESS else f" --router {router}"
     console.print(f'try: [bold]tiermesh chat{flag} --mode progressive "Where is my order?"[/bold]')
-    os.environ.setdefault("TIERMESH_ROUTER", router)
 
 
 def _demo(router: str, prompt: str, console: Console) -> None:

@@ -6,7 +6,6 @@ Knows gRPC and the tier contract; knows nothing of revisions or routing policy.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import AsyncIterator, Mapping
 
 import grpc
@@ -51,7 +50,6 @@ class TierCall:
     ) -> None:
         self.tier = tier
         self.timeout_s = timeout_s
-        self.started = time.perf_counter()
         self._span = span
         metadata = span.metadata if span is not None else None
         self.call = channels.stub(tier).Generate(request, timeout=timeout_s, metadata=metadata)

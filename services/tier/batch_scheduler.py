@@ -13,7 +13,6 @@ import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -176,6 +175,3 @@ class BatchScheduler:
             self._finish(sequence.slot)
         else:
             sequence.next_token = token
-
-    def stats(self) -> dict[str, Any]:
-        return {"steps": self.steps, "batched_tokens": self.batched_tokens}

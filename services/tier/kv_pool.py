@@ -41,7 +41,7 @@ class KvCachePool:
 
     @property
     def used_tokens(self) -> int:
-        return sum(self.lengths[s] for s in range(self.slots) if s not in self._free)
+        return sum(self.lengths)  # a free slot's length is 0
 
     @property
     def free_slots(self) -> int:

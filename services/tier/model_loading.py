@@ -101,21 +101,34 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
 
 
 class IncrementalDetokenizer:
-    """Turns a growing list of token ids into text deltas, holding back partial characters."""
+    """Turns a growing list of token ids into text deltas, holding back partial characters.
+
+    Each call decodes only the ids since the last emitted text (plus the previous window, so a
+    token that depends on its neighbour decodes right), never the whole sequence again.
+    """
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
         self._ids: list[int] = []
+        self._prefix = 0  # start of the previous window: decoded again for context only
+        self._read = 0  # ids before this index are already text
         self.text = ""
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(
+            self._tokenizer.decode(
+                ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
+            )
+        )
 
     def add(self, token_ids: list[int], final: bool = False) -> str:
         """Appends token ids and returns the text they add (empty while a character is split)."""
         self._ids.extend(token_ids)
-        text = self._tokenizer.decode(
-            self._ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
-        )
-        if text.endswith("\ufffd") and not final:
+        before = self._decode(self._ids[self._prefix : self._read])
+        after = self._decode(self._ids[self._prefix :])
+        if after.endswith("\ufffd") and not final:
             return ""
-        delta = text[len(self.text) :]
-        self.text = text
-        return str(delta)
+        delta = after[len(before) :]
+        self._prefix, self._read = self._read, len(self._ids)
+        self.text += delta
+        return delta

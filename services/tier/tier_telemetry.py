@@ -5,6 +5,7 @@ histograms, and load gauges. Knows OpenTelemetry and the engine's plain types; n
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -83,7 +84,7 @@ class TierTelemetry:
             span.set_attribute("gen_ai.request.max_tokens", request.max_tokens)
             span.set_attribute("gen_ai.request.temperature", request.sampling.temperature)
         context = trace.set_span_in_context(span)
-        now = _now_ns()
+        now = time.time_ns()
         if usage is not None:
             queued = received_ns + int(usage.queue_ms * MS)
             first = received_ns + int(usage.ttft_ms * MS)
@@ -113,9 +114,3 @@ class TierTelemetry:
         if tokens is not None:
             span.set_attribute("gen_ai.usage.output_tokens", tokens)
         span.end(end_time=max(start_ns, end_ns))
-
-
-def _now_ns() -> int:
-    import time
-
-    return time.time_ns()

@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -64,7 +65,7 @@ class TorchEngine:
         )
         if cfg.batching and gpt2_pooled.supports(loaded.model):
             max_len = min(cfg.kv_max_len or loaded.context_length, loaded.context_length)
-            loaded = _with_context(loaded, max_len)
+            loaded = replace(loaded, context_length=max_len)
             self._pool = await asyncio.get_running_loop().run_in_executor(
                 self._torch_thread, gpt2_pooled.create_pool, loaded.model, cfg.max_running, max_len
             )
@@ -250,12 +251,6 @@ class TorchEngine:
             await asyncio.to_thread(self._executor.shutdown, wait=True)
         if self._torch_thread is not None:
             await asyncio.to_thread(self._torch_thread.shutdown, wait=True)
-
-
-def _with_context(loaded: LoadedModel, context_length: int) -> LoadedModel:
-    from dataclasses import replace
-
-    return replace(loaded, context_length=context_length)
 
 
 def _kv_bytes_per_token(loaded: LoadedModel) -> int:

@@ -12,6 +12,7 @@ from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
 from services.common.config import RouterConfig, TierConfig, build_config
 from services.common.tiers import TIER_NAMES
+from services.router.sdk import AsyncRouterClient, DeltaEvent, FinalEvent
 from services.router.server import RouterServer, start_router
 from services.tier.server import TierServer, start_tier
 
@@ -74,6 +75,27 @@ async def start_mesh(
     )
     router = await start_router(router_config)
     return Mesh(servers, router)
+
+
+async def hold_stream(
+    client: AsyncRouterClient, ready: asyncio.Event, prompt: str, **options: Any
+) -> FinalEvent | None:
+    """Reads one chat to its end, setting `ready` at its first delta; returns its Final."""
+    async for event in client.chat_stream(prompt, **options):
+        if isinstance(event, DeltaEvent):
+            ready.set()
+        if isinstance(event, FinalEvent):
+            return event
+    return None
+
+
+async def leave_after_first_delta(client: AsyncRouterClient, prompt: str, **options: Any) -> None:
+    """Starts a chat and leaves (cancels it) as soon as its first delta arrives."""
+    stream = client.chat_stream(prompt, **options)
+    async for event in stream:
+        if isinstance(event, DeltaEvent):
+            break
+    await stream.aclose()
 
 
 def _closed_port() -> int:

@@ -9,8 +9,8 @@ import grpc
 import pytest
 from tiermesh.v1 import router_pb2, router_pb2_grpc
 
-from services.router.sdk import AsyncRouterClient, ChatError, DeltaEvent, FinalEvent
-from tests.integration.mesh import start_mesh
+from services.router.sdk import AsyncRouterClient, ChatError, FinalEvent
+from tests.integration.mesh import hold_stream, leave_after_first_delta, start_mesh
 
 PROMPT = "What is your return policy?"
 LONG = {"max_tokens": 400}  # router limit for the long streams these tests hold open
@@ -20,11 +20,7 @@ async def test_client_leaving_cancels_every_upstream_call(tiny_model_dir: Path) 
     mesh = await start_mesh(tiny_model_dir, tier_options={"max_tokens": 400}, router_options=LONG)
     try:
         async with AsyncRouterClient(mesh.address) as client:
-            stream = client.chat_stream(PROMPT, mode="progressive", max_tokens=400)
-            async for event in stream:
-                if isinstance(event, DeltaEvent):
-                    break
-            await stream.aclose()
+            await leave_after_first_delta(client, PROMPT, mode="progressive", max_tokens=400)
         for tier in ("small", "large"):
             status = await mesh.wait_idle(tier)
             assert status.completed == 0, f"{tier} finished instead of being cancelled"
@@ -89,15 +85,6 @@ async def test_prompt_over_the_tier_token_limit_keeps_the_tier_code(tiny_model_d
         await mesh.stop()
 
 
-async def _hold_one_stream(client: AsyncRouterClient, ready: asyncio.Event, **options: object):
-    async for event in client.chat_stream(PROMPT, **options):  # type: ignore[arg-type]
-        if isinstance(event, DeltaEvent):
-            ready.set()
-        if isinstance(event, FinalEvent):
-            return event
-    return None
-
-
 async def test_tier_overload_is_resource_exhausted_not_a_hang(tiny_model_dir: Path) -> None:
     mesh = await start_mesh(
         tiny_model_dir,
@@ -108,7 +95,7 @@ async def test_tier_overload_is_resource_exhausted_not_a_hang(tiny_model_dir: Pa
         async with AsyncRouterClient(mesh.address) as client:
             ready = asyncio.Event()
             holder = asyncio.create_task(
-                _hold_one_stream(client, ready, mode="pinned", tier="small", max_tokens=400)
+                hold_stream(client, ready, PROMPT, mode="pinned", tier="small", max_tokens=400)
             )
             await asyncio.wait_for(ready.wait(), 10)
             with pytest.raises(ChatError) as caught:
@@ -130,7 +117,7 @@ async def test_router_overload_is_resource_exhausted(tiny_model_dir: Path) -> No
         async with AsyncRouterClient(mesh.address) as client:
             ready = asyncio.Event()
             holder = asyncio.create_task(
-                _hold_one_stream(client, ready, mode="pinned", tier="small", max_tokens=400)
+                hold_stream(client, ready, PROMPT, mode="pinned", tier="small", max_tokens=400)
             )
             await asyncio.wait_for(ready.wait(), 10)
             with pytest.raises(ChatError) as caught:
@@ -148,7 +135,7 @@ async def test_draining_tier_finishes_in_flight_streams(tiny_model_dir: Path) ->
         async with AsyncRouterClient(mesh.address) as client:
             ready = asyncio.Event()
             holder = asyncio.create_task(
-                _hold_one_stream(client, ready, mode="pinned", tier="small", max_tokens=300)
+                hold_stream(client, ready, PROMPT, mode="pinned", tier="small", max_tokens=300)
             )
             await asyncio.wait_for(ready.wait(), 10)
             await mesh.tiers["small"].running.drain(30)

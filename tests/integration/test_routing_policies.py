@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from services.router.sdk import AsyncRouterClient, DeltaEvent, RouteEvent
+from services.router.sdk import AsyncRouterClient, RouteEvent
 from services.routing.predictor_training import train_model
-from tests.integration.mesh import Mesh, start_mesh
+from tests.integration.mesh import Mesh, hold_stream, start_mesh
 from tests.unit.test_routing_offline import synthetic
 
 SIMPLE = "What is your return policy?"
@@ -40,12 +40,6 @@ async def _mesh(model_dir: Path, artifact: Path, tiers: dict | None = None, **ro
     )
 
 
-async def _hold(client: AsyncRouterClient, ready: asyncio.Event, **options: object) -> None:
-    async for event in client.chat_stream(SIMPLE, max_tokens=400, **options):  # type: ignore[arg-type]
-        if isinstance(event, DeltaEvent):
-            ready.set()
-
-
 async def test_threshold_policy_routes_by_trained_complexity(tiny_model_dir, artifact) -> None:
     mesh = await _mesh(tiny_model_dir, artifact, policy="threshold")
     try:
@@ -67,7 +61,9 @@ async def test_full_large_tier_falls_back_by_its_own_load_report(tiny_model_dir,
     try:
         async with AsyncRouterClient(mesh.address) as client:
             ready = asyncio.Event()
-            holder = asyncio.create_task(_hold(client, ready, mode="pinned", tier="large"))
+            holder = asyncio.create_task(
+                hold_stream(client, ready, SIMPLE, mode="pinned", tier="large", max_tokens=400)
+            )
             await asyncio.wait_for(ready.wait(), 10)
             loads = mesh.router.watcher.loads
             for _ in range(200):
@@ -95,7 +91,9 @@ async def test_late_first_token_starts_the_fallback_tier(tiny_model_dir, artifac
     try:
         async with AsyncRouterClient(mesh.address) as client:
             ready = asyncio.Event()
-            holder = asyncio.create_task(_hold(client, ready, mode="pinned", tier="small"))
+            holder = asyncio.create_task(
+                hold_stream(client, ready, SIMPLE, mode="pinned", tier="small", max_tokens=400)
+            )
             await asyncio.wait_for(ready.wait(), 10)
             result = await client.chat(SIMPLE, max_tokens=4)  # waits in small's queue
             holder.cancel()

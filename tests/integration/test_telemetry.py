@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from services.common.telemetry import setup_telemetry
-from services.router.sdk import AsyncRouterClient, DeltaEvent
-from tests.integration.mesh import Mesh, start_mesh
+from services.router.sdk import AsyncRouterClient
+from tests.integration.mesh import Mesh, leave_after_first_delta, start_mesh
 
 PROMPT = "What is your return policy?"
 
@@ -95,11 +95,7 @@ async def test_cancelled_stream_spans_end_promptly_as_cancelled(
     mesh: Mesh, spans: InMemorySpanExporter
 ) -> None:
     async with AsyncRouterClient(mesh.address) as client:
-        stream = client.chat_stream(PROMPT, mode="progressive", max_tokens=400)
-        async for event in stream:
-            if isinstance(event, DeltaEvent):
-                break
-        await stream.aclose()
+        await leave_after_first_delta(client, PROMPT, mode="progressive", max_tokens=400)
     wanted = {("router Chat", SpanKind.SERVER), ("tier small Generate", SpanKind.SERVER)}
     for _ in range(100):  # at most 2 s
         done = {(s.name, s.kind) for s in spans.get_finished_spans()}
