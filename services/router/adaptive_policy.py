@@ -1,6 +1,7 @@
 """`adaptive`: routing learned online, a LinUCB contextual bandit over the tiers.
 
-Context: the complexity model's class probabilities and score (plus a bias term). Reward of a
+Context: the complexity model's class probabilities and score, two shape features the score
+folds away (how many numbers the request carries, its length) and a bias term. Reward of a
 decision: quality in [0, 1] minus lambda x the tier's relative cost. It learns from Feedback
 RPCs and from progressive refinements (a draft the refinement changed was the wrong call).
 State lives in this router process only; several routers learn separately. Not thread-safe:
@@ -9,6 +10,7 @@ used from the router's event loop.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -17,6 +19,8 @@ from services.router.complexity_model import ComplexityModel
 from services.router.policy import Loads, RouteChoice, RoutingInput
 
 TIERS = ("small", "medium", "large")
+CONTEXT_DIMS = 7  # bias, 3 class probabilities, score, numbers, length
+NUMBER = re.compile(r"\d+")
 
 
 class AdaptivePolicy:
@@ -35,14 +39,16 @@ class AdaptivePolicy:
         self._lambda = cost_weight
         self._alpha = exploration
         self._tiers = tiers
-        dims = 5
+        dims = CONTEXT_DIMS
         self._a_inv = {t: np.eye(dims) for t in tiers}  # inverse of the ridge design matrix
         self._b = {t: np.zeros(dims) for t in tiers}
         self.updates = 0
 
     def context(self, text: str) -> np.ndarray:
         probs = self._model.probabilities(text)
-        return np.array([1.0, *probs, float(probs @ [0.0, 0.5, 1.0])])  # (5,)
+        numbers = min(1.0, len(NUMBER.findall(text)) / 8)
+        length = min(1.0, len(text) / 400)
+        return np.array([1.0, *probs, float(probs @ [0.0, 0.5, 1.0]), numbers, length])
 
     def estimates(self, x: np.ndarray) -> dict[str, tuple[float, float]]:
         """Per tier: (expected reward, exploration bonus) for context x."""
@@ -59,10 +65,10 @@ class AdaptivePolicy:
         tier = max(self._tiers, key=lambda t: sum(estimates[t]))
         detail = ", ".join(f"{t} {m:+.2f}±{b:.2f}" for t, (m, b) in estimates.items())
         reason = f"LinUCB after {self.updates} rewards: {detail}"
-        return RouteChoice(tier, float(x[-1]), self.name, reason, tuple(float(v) for v in x))
+        return RouteChoice(tier, float(x[4]), self.name, reason, tuple(float(v) for v in x))
 
     def learn(self, choice: RouteChoice, tier: str, quality: float) -> None:
-        if tier not in self._a_inv or len(choice.context) != 5:
+        if tier not in self._a_inv or len(choice.context) != CONTEXT_DIMS:
             return
         x = np.array(choice.context)
         reward = quality - self._lambda * self._costs.get(tier, 0.0)

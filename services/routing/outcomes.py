@@ -129,7 +129,7 @@ def build_outcomes(
     split: str,
     models: dict[str, Path],
     limit: int | None = None,
-    max_tokens: int = 160,
+    max_tokens: int = 200,
     progress: Callable[[str, int, int], None] | None = None,
     threads: int = 2,
     previous: list[Outcome] | None = None,

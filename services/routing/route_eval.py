@@ -78,6 +78,10 @@ def learning_curve(
     return policy, curve
 
 
+def _reward(point: dict[str, float]) -> float:
+    return point["reward"]
+
+
 def threshold_sweep(
     model: ComplexityModel, outcomes: Sequence[Outcome], costs: dict[str, float], cost_weight: float
 ) -> list[dict[str, float]]:
@@ -109,7 +113,11 @@ def route_eval(
     cost_weight: float = 0.3,
     feedback_steps: int = 3000,
     seed: int = 0,
+    tuning: Sequence[Outcome] | None = None,
 ) -> dict[str, Any]:
+    """The report `tiermesh route-eval` prints. `tuning` (dev) picks the static threshold a
+    deployment could choose in advance: the sweep point with the best reward there, scored on
+    `outcomes`; the best sweep point on `outcomes` itself is reported too (hindsight)."""
     adaptive, curve = learning_curve(
         model, feedback, outcomes, costs, cost_weight, feedback_steps, 250, seed
     )
@@ -139,7 +147,13 @@ def route_eval(
         for name, choices in reference_choices.items()
     }
     sweep = threshold_sweep(model, outcomes, costs, cost_weight)
-    best_static = max(sweep, key=lambda p: p["reward"])
+    best_static = max(sweep, key=_reward)
+    chosen = max(threshold_sweep(model, tuning or outcomes, costs, cost_weight), key=_reward)
+    static_dev = next(
+        p
+        for p in sweep
+        if (p["small_below"], p["medium_below"]) == (chosen["small_below"], chosen["medium_below"])
+    )
     return {
         "requests": len(outcomes),
         "costs": costs,
@@ -148,6 +162,7 @@ def route_eval(
         "references": references,
         "threshold_sweep": sweep,
         "best_static_threshold": best_static,
+        "static_threshold_tuned_on_dev": static_dev,
         "adaptive_learning_curve": curve,
     }
 
@@ -207,7 +222,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
         report["best_static_threshold"]["reward"],
         linestyle="--",
         color="grey",
-        label="best static threshold",
+        label="best static threshold (hindsight)",
+    )
+    right.axhline(
+        report["static_threshold_tuned_on_dev"]["reward"],
+        linestyle=":",
+        color="black",
+        label="static threshold tuned on dev",
     )
     right.set_xlabel("requests of feedback")
     right.set_ylabel(f"reward (quality - {report['cost_weight']} x price)")

@@ -106,3 +106,9 @@ def test_route_eval_report_contract(trained) -> None:
         assert sum(row["share"].values()) == pytest.approx(1.0, abs=1e-3)
     oracle = report["references"]["oracle"]
     assert oracle["accuracy"] == 1.0 and oracle["misroute_rate"] == 0.0
+    # without a tuning split the deployable static threshold is the hindsight one
+    assert report["static_threshold_tuned_on_dev"] == report["best_static_threshold"]
+    tuned = route_eval(dev, train, model, COSTS, feedback_steps=0, tuning=train)
+    assert (
+        tuned["static_threshold_tuned_on_dev"]["reward"] <= tuned["best_static_threshold"]["reward"]
+    )
