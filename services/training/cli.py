@@ -10,9 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -115,12 +118,42 @@ def run_train(args: argparse.Namespace) -> int:
     if any(os.environ.get(k) != v for k, v in TRAINING_ENV.items()):
         # malloc reads its settings only at process start: run the training in a fresh interpreter
         command = _training_command(_forwarded(args, args.tiers, args.minutes, args.threads))
-        return subprocess.run(command, env=env, cwd=REPO_ROOT, check=False).returncode
+        with _stopped_with_this_process() as children:
+            children.append(subprocess.Popen(command, env=env, cwd=REPO_ROOT))
+            return children[0].wait()
     return _train(args)
+
+
+@contextmanager
+def _stopped_with_this_process() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """A list to put child processes in; they are terminated when this process is told to stop
+    (SIGTERM) or leaves the block early, so no training outlives the command that started it."""
+    children: list[subprocess.Popen[bytes]] = []
+
+    def stop(_signum: int, _frame: object) -> None:
+        for child in children:
+            child.terminate()
+        raise SystemExit(143)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield children
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for child in children:
+            if child.poll() is None:
+                child.terminate()
 
 
 def _train_in_parallel(args: argparse.Namespace, env: dict[str, str]) -> int:
     """One process per tier, one thread each, tier t training for minutes x its budget share."""
+    with _stopped_with_this_process() as processes:
+        return _watch_parallel(args, env, processes)
+
+
+def _watch_parallel(
+    args: argparse.Namespace, env: dict[str, str], processes: list[subprocess.Popen[bytes]]
+) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -135,6 +168,7 @@ def _train_in_parallel(args: argparse.Namespace, env: dict[str, str]) -> int:
         with log.open("wb") as sink:
             command = _training_command(_forwarded(args, [tier], minutes, threads=1))
             child = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=sink, stderr=sink)
+        processes.append(child)
         children[tier] = (child, log, minutes)
         console.print(f"training {tier} for {minutes:.1f} min, log: {log}")
     started = time.perf_counter()
