@@ -80,15 +80,19 @@ def _lat(config: Mapping[str, Any], request_class: str, key: str, quantile: str)
 
 
 def summary_table(report: Mapping[str, Any]) -> TableSpec:
-    columns: tuple[str, ...] = (
+    columns = (
         "configuration",
         "completed",
         "failed",
         "shed",
         "req/s",
         "out tok/s",
+        "accuracy",
+        "CPU-s",
+        "$/1M tok (cpu)",
+        "$/1M tok (a100)",
+        "answered by",
     )
-    columns += ("accuracy", "CPU-s", "$/1M tok (cpu)", "$/1M tok (a100)", "answered by")
     rows: list[tuple[str, ...]] = []
     for name, config in report["configurations"].items():
         requests, cost = config["requests"], config["cost_per_1m_output_tokens"]
@@ -112,13 +116,14 @@ def summary_table(report: Mapping[str, Any]) -> TableSpec:
 
 
 def memory_table(report: Mapping[str, Any]) -> TableSpec:
-    columns: tuple[str, ...] = (
+    columns = (
         "configuration",
         "service",
         "RSS peak MiB",
         "KV used peak / capacity (tokens)",
+        "KV pool MiB",
+        "weights MiB",
     )
-    columns += ("KV pool MiB", "weights MiB")
     rows: list[tuple[str, ...]] = []
     for name, config in report["configurations"].items():
         for service, memory in config["memory"].items():

@@ -68,6 +68,7 @@ def cmd_label(args: argparse.Namespace) -> int:
         if not (path / "config.json").is_file():
             console.print(f"[red]route label:[/red] no {tier} model at {path} (`make models`)")
             return 2
+    max_tokens = _router_config().max_tokens  # as much as the router lets a tier say
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
         for split in args.splits.split(","):
@@ -82,7 +83,7 @@ def cmd_label(args: argparse.Namespace) -> int:
                 split,
                 models,
                 args.limit,
-                max_tokens=_router_config().max_tokens,  # as much as the router lets a tier say
+                max_tokens=max_tokens,
                 progress=advance,
                 threads=args.threads,
                 previous=previous,

@@ -82,8 +82,8 @@ def decode_step(model: Any, pool: KvCachePool, slots: list[int], tokens: list[in
     device = gpt.wte.weight.device
     batch = len(slots)
     slot_index = torch.tensor(slots, dtype=torch.long, device=device)  # (B,)
-    position = torch.tensor([pool.lengths[s] for s in slots], dtype=torch.long, device=device)
     lengths = [pool.lengths[s] for s in slots]
+    position = torch.tensor(lengths, dtype=torch.long, device=device)  # (B,)
     window = max(lengths) + 1
     mask: torch.Tensor | None = None  # every row sees its whole window: no mask needed
     if min(lengths) != window - 1:
