@@ -41,7 +41,8 @@ fmt: setup
 
 models: setup  ## train the built-in model family, then routing labels and the predictor (CPU)
 	$(BIN)/tiermesh models train
-	$(BIN)/tiermesh route label
+	$(BIN)/tiermesh route label --splits train --limit 1500
+	$(BIN)/tiermesh route label --splits dev,test
 	$(BIN)/tiermesh route train
 
 bench: setup  ## router-hop and tracing latency, engine batching, hybrid vs single

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ TRAINING_ENV = {
 }
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_DIR = REPO_ROOT / ".tiermesh" / "training"  # per-tier logs of a parallel run
-DEFAULT_MINUTES = 52.0  # wall time of the default (parallel) run: the large tier's budget
+DEFAULT_MINUTES = 36.0  # wall time of the default run, split over the tiers by budget share
 DEFAULT_SEED = 1234
 TIER_CHOICES = ("small", "medium", "large")
 
@@ -54,13 +55,14 @@ def register(subparsers: Any) -> None:
         "--minutes",
         type=float,
         default=DEFAULT_MINUTES,
-        help="training budget: in parallel each tier trains for minutes x its budget share; "
-        "with --sequential the minutes are split in proportion to the shares",
+        help="training budget: the tiers train one after another, each for its share of the "
+        "minutes; with --parallel each tier trains for minutes x its share, side by side",
     )
     train.add_argument(
-        "--sequential",
+        "--parallel",
         action="store_true",
-        help="train the tiers one after another in this process with --threads threads",
+        help="one process per tier with one thread each, side by side (for a core per tier; "
+        "on 2 cores one process with both threads trains a tier 1.9x faster)",
     )
     train.add_argument("--steps", type=int, help="exact optimiser steps per tier (ignores budget)")
     train.add_argument("--seed", type=int, default=DEFAULT_SEED)
@@ -98,7 +100,7 @@ def run_workload(_args: argparse.Namespace) -> int:
 def _forwarded(
     args: argparse.Namespace, tiers: list[str], minutes: float, threads: int
 ) -> list[str]:
-    argv = ["models", "train", "--sequential", "--tiers", *tiers, "--minutes", str(minutes)]
+    argv = ["models", "train", "--tiers", *tiers, "--minutes", str(minutes)]
     argv += ["--seed", str(args.seed), "--threads", str(threads)]
     if args.steps is not None:
         argv += ["--steps", str(args.steps)]
@@ -113,7 +115,7 @@ def _training_command(argv: list[str]) -> list[str]:
 
 def run_train(args: argparse.Namespace) -> int:
     env = {**os.environ, **TRAINING_ENV}
-    if not args.sequential:
+    if args.parallel:
         return _train_in_parallel(args, env)
     if any(os.environ.get(k) != v for k, v in TRAINING_ENV.items()):
         # malloc reads its settings only at process start: run the training in a fresh interpreter
@@ -207,12 +209,14 @@ def _train(args: argparse.Namespace) -> int:
     from services.training.recipes import RECIPES
     from services.training.tokenizer import EOS_TOKEN, prompt_text, train_tokenizer
     from services.training.trainer import train_tier
-    from services.workload import held_out_prompts, load_split
+    from services.workload import drill_stream, held_out_prompts, load_split
 
     console = Console(soft_wrap=True)
     torch.set_num_threads(args.threads)
     train_items = load_split("train")
     texts = [prompt_text(i.prompt) + i.reference + EOS_TOKEN for i in train_items]
+    drills = islice(drill_stream(args.seed), len(train_items) // 10)
+    texts += [prompt_text(prompt) + reference + EOS_TOKEN for prompt, reference in drills]
     tokenizer = train_tokenizer(texts, vocab_size=1024)
     held_out = held_out_prompts()
     shares = {t: RECIPES[t].budget_share for t in args.tiers}
@@ -227,7 +231,7 @@ def _train(args: argparse.Namespace) -> int:
             seconds=seconds,
             seed=args.seed,
             held_out=held_out,
-            steps=args.steps,
+            steps=args.steps if args.steps is not None else RECIPES[tier].steps,
         )
         console.print(
             f"{tier}: {report.params:,} params, {report.steps} steps, {report.tokens:,} tokens, "

@@ -24,12 +24,38 @@ class TierRecipe:
     warmup_steps: int = 50
     weight_decay: float = 0.01
     n_positions: int = 256  # longest prompt + answer the model can see
+    steps: int | None = None  # train exactly this many steps instead of the time budget
+    # share of optimiser steps per kind of batch: simple, medium, complex, drill (see trainer)
+    step_mix: tuple[float, float, float, float] = (0.05, 0.3, 0.5, 0.15)
 
 
+# Budgets: small 1,200 steps and medium 1,500 (about 3 and 8 minutes on 2 cores), large 25
+# minutes; `tiermesh models train` takes about 36 minutes. The larger tiers get the longer
+# budgets, as real small models are weaker for both reasons: at equal CPU time the smaller
+# model takes ~3x the steps and wins, so the budget is part of what makes a tier a tier.
+# The short budgets spend more steps on simple requests, which must stay right on every tier.
+SHORT_BUDGET_MIX = (0.15, 0.3, 0.4, 0.15)
 RECIPES = {
     "small": TierRecipe(
-        "small", n_layer=2, n_embd=192, n_head=4, lr=3e-3, budget_share=12 / 52, batch_tokens=4096
+        "small",
+        n_layer=2,
+        n_embd=192,
+        n_head=4,
+        lr=3e-3,
+        budget_share=3 / 36,
+        steps=1200,  # a fixed step count: its few minutes must cover simple whatever the load
+        batch_tokens=4096,
+        step_mix=SHORT_BUDGET_MIX,
     ),
-    "medium": TierRecipe("medium", n_layer=6, n_embd=256, n_head=8, lr=2e-3, budget_share=32 / 52),
-    "large": TierRecipe("large", n_layer=7, n_embd=384, n_head=8, lr=1.5e-3, budget_share=1.0),
+    "medium": TierRecipe(
+        "medium",
+        n_layer=4,
+        n_embd=256,
+        n_head=8,
+        lr=2e-3,
+        budget_share=8 / 36,
+        steps=1500,
+        step_mix=SHORT_BUDGET_MIX,
+    ),
+    "large": TierRecipe("large", n_layer=7, n_embd=384, n_head=8, lr=2e-3, budget_share=25 / 36),
 }

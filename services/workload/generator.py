@@ -2,8 +2,10 @@
 
 simple: an FAQ question (one of a fixed set of paraphrases) or the price of a popular product.
 medium: the cost of a quantity of any catalogue product (one recalled price, one product).
-complex: an order of 2-3 catalogue products, maybe a coupon, and shipping, with the working
-written out line by line and a final "Answer:" line.
+complex: an order of 2-4 catalogue products, maybe a coupon, and shipping, with the working
+written out as a receipt (one line per product carrying the running total, fixed-width amounts)
+and a final "Answer:" line. Each step is learnable; what separates the tiers is holding the
+whole catalogue and getting every one of 4-7 chained steps right.
 
 Knows the shop (store.py) and the answer format; knows nothing of files, tokenizers or models.
 """
@@ -30,7 +32,8 @@ CLASSES: tuple[RequestClass, ...] = ("simple", "medium", "complex")
 ANSWER_PREFIX = "Answer: "
 
 STORE_SEED = 20240611  # the shop is fixed: every split and every model shares it
-CATALOGUE_SIZE = 80  # products medium and complex requests draw from
+CATALOGUE_SIZE = 120  # products medium and complex requests draw from
+AMOUNT_DIGITS = 3  # complex working writes every amount with this many digits ($064)
 POPULAR_SIZE = 20  # products simple lookups draw from (the first of the catalogue)
 STORE = build_store(STORE_SEED, CATALOGUE_SIZE, POPULAR_SIZE)
 
@@ -99,7 +102,7 @@ def _simple(rng: random.Random, store: Store) -> tuple[str, str, str]:
 
 def _medium(rng: random.Random, store: Store) -> tuple[str, str, str]:
     product = rng.choice(store.products)
-    qty = rng.randint(2, 5)
+    qty = rng.randint(2, 9)
     prompt = rng.choice(MEDIUM_TEMPLATES).format(qty=qty, items=product.plural)
     total = qty * product.price
     reference = (
@@ -119,36 +122,82 @@ def _order_phrase(lines: list[tuple[int, Product]]) -> str:
     return ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
+def _amount(dollars: int) -> str:
+    """A working amount: fixed width, so every sum lines its digits up the same way."""
+    return f"${dollars:0{AMOUNT_DIGITS}d}"
+
+
+def _complex_lines(rng: random.Random, store: Store) -> list[tuple[int, Product]]:
+    """2-4 distinct products with quantities 1-3, redrawn until the subtotal fits the width."""
+    while True:
+        products = rng.sample(store.products, rng.choice((2, 3, 3, 4)))
+        lines = [(rng.randint(1, 3), p) for p in products]
+        if sum(q * p.price for q, p in lines) < 10**AMOUNT_DIGITS:
+            return lines
+
+
 def _complex(rng: random.Random, store: Store) -> tuple[str, str, str]:
-    products = rng.sample(store.products, rng.choice((2, 2, 3)))
-    lines = [(rng.randint(1, 3), p) for p in products]
+    lines = _complex_lines(rng, store)
     code = rng.choice((None, *COUPONS))
     prompt = rng.choice(COMPLEX_OPENERS).format(order=_order_phrase(lines))
     if code is not None:
         prompt += COMPLEX_COUPON.format(code=code)
     prompt += rng.choice(COMPLEX_CLOSERS)
 
+    # one line per product with the running total on it: every step reads the line above
     work: list[str] = []
-    amounts = []
+    running = 0
     for qty, p in lines:
-        amounts.append(qty * p.price)
-        work.append(f"{p.name}: {qty} x ${p.price} = ${amounts[-1]}")
-    running = amounts[0]
-    sums = []
-    for amount in amounts[1:]:
-        sums.append(f"${running} + ${amount} = ${running + amount}")
+        amount = qty * p.price
+        line = f"{p.name}: {qty} x {_amount(p.price)} = {_amount(amount)}, total "
+        if running:
+            line += f"{_amount(running)} + {_amount(amount)} = "
         running += amount
-    work.append("Subtotal: " + ", ".join(sums))
+        work.append(line + _amount(running))
     if code is not None:
         off = min(COUPONS[code], running)
-        work.append(f"Coupon {code}: ${running} - ${off} = ${running - off}")
+        work.append(
+            f"coupon {code}: {_amount(running)} - {_amount(off)} = {_amount(running - off)}"
+        )
         running -= off
     fee = 0 if running >= FREE_SHIPPING_FROM else SHIPPING_FEE
     rule = "free" if fee == 0 else f"under ${FREE_SHIPPING_FROM}"
-    work.append(f"Shipping ({rule}): ${running} + ${fee} = ${running + fee}")
+    work.append(
+        f"shipping ({rule}): {_amount(running)} + {_amount(fee)} = {_amount(running + fee)}"
+    )
     running += fee
     work.append(f"{ANSWER_PREFIX}${running}")
     return prompt, "\n".join(work), f"${running}"
+
+
+def arithmetic_drill(rng: random.Random) -> tuple[str, str]:
+    """A training-only calculator request in the receipt's own notation: add up 2-5 amounts,
+    sometimes take one off, with the running total written line by line. Not a workload class
+    (never routed or scored); the trainer mixes it in so the arithmetic of complex working is
+    practised apart from recalling prices."""
+    while True:
+        amounts = [rng.randint(1, 3) * rng.randint(5, 99) for _ in range(rng.randint(2, 5))]
+        off = rng.choice((0, 0, 5, 10, 20))
+        if sum(amounts) < 10**AMOUNT_DIGITS and sum(amounts) >= off:
+            break
+    listed = ", ".join(_amount(a) for a in amounts[:-1]) + f" and {_amount(amounts[-1])}"
+    prompt = f"Add up {listed}" + (f", then take off {_amount(off)}." if off else ".")
+    work, running = [], amounts[0]
+    for amount in amounts[1:]:
+        work.append(f"{_amount(running)} + {_amount(amount)} = {_amount(running + amount)}")
+        running += amount
+    if off:
+        work.append(f"{_amount(running)} - {_amount(off)} = {_amount(running - off)}")
+        running -= off
+    work.append(f"{ANSWER_PREFIX}${running}")
+    return prompt, "\n".join(work)
+
+
+def drill_stream(seed: int) -> Iterator[tuple[str, str]]:
+    """Endless (prompt, reference) arithmetic drills; the same seed gives the same sequence."""
+    rng = random.Random(f"{seed}:drill")
+    while True:
+        yield arithmetic_drill(rng)
 
 
 BUILDERS = {"simple": _simple, "medium": _medium, "complex": _complex}

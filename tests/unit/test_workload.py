@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import replace
 
@@ -82,7 +83,24 @@ def test_return_policy_question_and_lookups_use_popular_items() -> None:
 
 
 def test_complex_working_adds_up() -> None:
-    item = next(i for i in generate(2, 5, {"complex": 1.0}))
-    lines = item.reference.splitlines()
-    assert lines[-1] == f"Answer: {item.final}"
-    assert lines[-2].endswith(item.final) and lines[-2].startswith("Shipping")
+    items = generate(2, 200, {"complex": 1.0})
+    assert {len([ln for ln in i.reference.splitlines() if ", total " in ln]) for i in items} == {
+        2,
+        3,
+        4,
+    }
+    for item in items:
+        lines = item.reference.splitlines()
+        assert lines[-1] == f"Answer: {item.final}"
+        assert lines[-2].startswith("shipping")
+        assert lines[-2].endswith(f"${int(item.final[1:]):03d}")
+        for line in lines[:-1]:
+            for left, op, right, result in re.findall(r"\$(\d+) ([+-]) \$(\d+) = \$(\d+)", line):
+                assert len(left) == len(right) == len(result) == 3, line  # fixed width
+                a, b, c = int(left), int(right), int(result)
+                assert c == (a + b if op == "+" else a - b), line
+            for qty, price, amount in re.findall(r"(\d) x \$(\d+) = \$(\d+)", line):
+                assert int(qty) * int(price) == int(amount), line
+        for line in lines:
+            for name in re.findall(r"^([a-z]+ [a-z]+): \d x \$(\d+)", line):
+                assert int(name[1]) == STORE.price(name[0]), line  # catalogue prices
