@@ -57,5 +57,5 @@ RECIPES = {
         steps=1500,
         step_mix=SHORT_BUDGET_MIX,
     ),
-    "large": TierRecipe("large", n_layer=7, n_embd=384, n_head=8, lr=2e-3, budget_share=25 / 36),
+    "large": TierRecipe("large", n_layer=7, n_embd=384, n_head=8, lr=1e-3, budget_share=25 / 36),
 }
