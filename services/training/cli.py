@@ -30,7 +30,7 @@ TRAINING_ENV = {
 }
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_DIR = REPO_ROOT / ".tiermesh" / "training"  # per-tier logs of a parallel run
-DEFAULT_MINUTES = 36.0  # wall time of the default run, split over the tiers by budget share
+DEFAULT_MINUTES = 47.0  # wall time of the default run, split over the tiers by budget share
 DEFAULT_SEED = 1234
 TIER_CHOICES = ("small", "medium", "large")
 
@@ -55,8 +55,8 @@ def register(subparsers: Any) -> None:
         "--minutes",
         type=float,
         default=DEFAULT_MINUTES,
-        help="training budget: the tiers train one after another, each for its share of the "
-        "minutes; with --parallel each tier trains for minutes x its share, side by side",
+        help="time budget of recipes without a fixed step count (every built-in recipe has one): "
+        "each tier trains for its share of the minutes",
     )
     train.add_argument(
         "--parallel",
@@ -115,7 +115,18 @@ def _training_command(argv: list[str]) -> list[str]:
 
 def run_train(args: argparse.Namespace) -> int:
     env = {**os.environ, **TRAINING_ENV}
+    args.tiers = [t for t in TIER_CHOICES if t in args.tiers]  # a grown tier after its source
     if args.parallel:
+        from services.training.recipes import RECIPES
+
+        waiting = [t for t in args.tiers if RECIPES[t].grow_from in args.tiers]
+        if waiting:
+            print(
+                f"--parallel: {', '.join(waiting)} starts from a tier trained in the same run; "
+                "train that tier first, or train without --parallel",
+                file=sys.stderr,
+            )
+            return 2
         return _train_in_parallel(args, env)
     if any(os.environ.get(k) != v for k, v in TRAINING_ENV.items()):
         # malloc reads its settings only at process start: run the training in a fresh interpreter
@@ -224,6 +235,9 @@ def _train(args: argparse.Namespace) -> int:
     for tier in args.tiers:
         seconds = 60 * args.minutes * shares[tier] / sum(shares.values())
         out = model_dir(tier, args.out)
+        source = RECIPES[tier].grow_from
+        if source is not None:
+            console.print(f"{tier} starts from {source} ({model_dir(source, args.out)}), grown")
         report = train_tier(
             RECIPES[tier],
             tokenizer,
@@ -232,6 +246,7 @@ def _train(args: argparse.Namespace) -> int:
             seed=args.seed,
             held_out=held_out,
             steps=args.steps if args.steps is not None else RECIPES[tier].steps,
+            grow_from=None if source is None else model_dir(source, args.out),
         )
         console.print(
             f"{tier}: {report.params:,} params, {report.steps} steps, {report.tokens:,} tokens, "

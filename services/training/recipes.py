@@ -27,12 +27,18 @@ class TierRecipe:
     steps: int | None = None  # train exactly this many steps instead of the time budget
     # share of optimiser steps per kind of batch: simple, medium, complex, drill (see trainer)
     step_mix: tuple[float, float, float, float] = (0.05, 0.3, 0.5, 0.15)
+    # a tier trained before this one whose checkpoint it starts from, grown deeper (same width)
+    grow_from: str | None = None
 
 
-# Budgets: small 1,200 steps and medium 1,500 (about 3 and 8 minutes on 2 cores), large 25
-# minutes; `tiermesh models train` takes about 36 minutes. The larger tiers get the longer
-# budgets, as real small models are weaker for both reasons: at equal CPU time the smaller
-# model takes ~3x the steps and wins, so the budget is part of what makes a tier a tier.
+# Budgets (steps; minutes on a quiet 2-core machine): small 1,200 (~5), medium 1,100 (~12),
+# large 1,000 (~29); `tiermesh models train` takes about 47 minutes. The larger tiers get the
+# longer budgets, as real small models are weaker for both reasons: at equal CPU time the smaller
+# model takes ~3x the steps and wins, so the budget is part of what makes a tier a tier. And the
+# larger tiers do not start from scratch: the medium starts from the trained small made twice as
+# wide, the large from the trained medium made 3.5x as deep (growth.py), so each begins where the
+# tier below ended and spends its budget going further with more parameters.
+# Fixed step counts make a run repeatable step for step, whatever else the machine is doing.
 # The short budgets spend more steps on simple requests, which must stay right on every tier.
 SHORT_BUDGET_MIX = (0.15, 0.3, 0.4, 0.15)
 RECIPES = {
@@ -42,20 +48,34 @@ RECIPES = {
         n_embd=192,
         n_head=4,
         lr=3e-3,
-        budget_share=3 / 36,
-        steps=1200,  # a fixed step count: its few minutes must cover simple whatever the load
+        budget_share=5 / 47,
+        steps=1200,
         batch_tokens=4096,
         step_mix=SHORT_BUDGET_MIX,
     ),
     "medium": TierRecipe(
         "medium",
-        n_layer=4,
-        n_embd=256,
+        n_layer=2,
+        n_embd=384,
         n_head=8,
-        lr=2e-3,
-        budget_share=8 / 36,
-        steps=1500,
+        lr=1e-3,
+        budget_share=12 / 47,
+        steps=1100,
+        batch_tokens=4096,
+        warmup_steps=100,
         step_mix=SHORT_BUDGET_MIX,
+        grow_from="small",
     ),
-    "large": TierRecipe("large", n_layer=7, n_embd=384, n_head=8, lr=1e-3, budget_share=25 / 36),
+    "large": TierRecipe(
+        "large",
+        n_layer=7,
+        n_embd=384,
+        n_head=8,
+        lr=1e-3,
+        budget_share=30 / 47,
+        steps=1000,
+        batch_tokens=4096,
+        warmup_steps=100,
+        grow_from="medium",
+    ),
 }

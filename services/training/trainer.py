@@ -15,13 +15,14 @@ import math
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from services.training.growth import grow
 from services.training.recipes import TierRecipe
 from services.training.tokenizer import EOS_TOKEN, prompt_text, save_tokenizer
 from services.workload import CLASSES, WorkloadItem, drill_stream, stream
@@ -149,10 +150,24 @@ def train_tier(
     seed: int,
     held_out: frozenset[str],
     steps: int | None = None,
+    grow_from: Path | None = None,
 ) -> TrainingReport:
-    """Trains one tier for about `seconds` (or exactly `steps`) and saves it (fp16) to out_dir."""
+    """Trains one tier for about `seconds` (or exactly `steps`) and saves it (fp16) to out_dir.
+
+    With `grow_from` (a checkpoint folder trained with the same tokenizer, of the same width or
+    half of it), training starts from that model grown to the recipe's shape (growth.py) instead
+    of from random weights.
+    """
     torch.manual_seed(seed)
     model = build_model(recipe, tokenizer)
+    if grow_from is not None:
+        model = grow(
+            load_trained(grow_from, tokenizer),
+            model,
+            lambda n_layer, n_embd, n_head: build_model(
+                replace(recipe, n_layer=n_layer, n_embd=n_embd, n_head=n_head), tokenizer
+            ),
+        )
     model.train()
     optimiser = torch.optim.AdamW(
         model.parameters(),
@@ -197,6 +212,17 @@ def train_tier(
     )
     (out_dir / "training.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
     return report
+
+
+def load_trained(folder: Path, tokenizer: Any) -> Any:
+    """The fp32 GPT2LMHeadModel saved in `folder`, which must have been trained with `tokenizer`."""
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"no trained checkpoint to grow from in {folder}: train it first")
+    if AutoTokenizer.from_pretrained(str(folder)).get_vocab() != tokenizer.get_vocab():
+        raise ValueError(f"{folder} was trained with another tokenizer: train it again first")
+    return GPT2LMHeadModel.from_pretrained(str(folder), dtype=torch.float32)
 
 
 def save_checkpoint(model: Any, tokenizer: Any, out_dir: Path) -> None:
