@@ -106,7 +106,7 @@ class RouterConfig:
         default_factory=lambda: {"small": 0.05, "medium": 0.25, "large": 1.0}
     )
     adaptive_cost_weight: float = 0.3  # adaptive: reward = quality - weight x cost
-    adaptive_exploration: float = 0.3  # adaptive: LinUCB exploration bonus
+    adaptive_exploration: float = 1.0  # adaptive: LinUCB exploration bonus (x its std. error)
     # Progressive gate: "always" refines; "race" starts both and cancels the refinement when
     # the draft is confident; "cascade" starts the refinement only when the draft is unsure.
     progressive_gate: str = "always"

@@ -31,7 +31,10 @@ class AdaptivePolicy:
         model: ComplexityModel,
         costs: Mapping[str, float],
         cost_weight: float = 0.3,
-        exploration: float = 0.3,
+        # the bonus must be able to outbid the gap between arms' rewards (up to 1 - lambda): at
+        # 0.3 an arm that lost its first tries on hard requests was never tried on easy ones
+        # again, and some feedback orders ended routing everything to large
+        exploration: float = 1.0,
         tiers: tuple[str, ...] = TIERS,
     ) -> None:
         self._model = model
