@@ -64,6 +64,8 @@ def register(subparsers: Any) -> None:
         help="one process per tier with one thread each, side by side (for a core per tier; "
         "on 2 cores one process with both threads trains a tier 1.9x faster)",
     )
+    # one process after another is the default now; the old flag still parses
+    train.add_argument("--sequential", action="store_true", help=argparse.SUPPRESS)
     train.add_argument("--steps", type=int, help="exact optimiser steps per tier (ignores budget)")
     train.add_argument("--seed", type=int, default=DEFAULT_SEED)
     train.add_argument("--out", type=Path, help="write <out>/<tier>/ instead of services/tier_*")
