@@ -20,6 +20,7 @@ from services.router.policy import Loads, RouteChoice, RoutingInput
 
 TIERS = ("small", "medium", "large")
 CONTEXT_DIMS = 7  # bias, 3 class probabilities, score, numbers, length
+SCORE_INDEX = 4  # where the complexity score sits in the context
 NUMBER = re.compile(r"\d+")
 
 
@@ -68,7 +69,9 @@ class AdaptivePolicy:
         tier = max(self._tiers, key=lambda t: sum(estimates[t]))
         detail = ", ".join(f"{t} {m:+.2f}±{b:.2f}" for t, (m, b) in estimates.items())
         reason = f"LinUCB after {self.updates} rewards: {detail}"
-        return RouteChoice(tier, float(x[4]), self.name, reason, tuple(float(v) for v in x))
+        return RouteChoice(
+            tier, float(x[SCORE_INDEX]), self.name, reason, tuple(float(v) for v in x)
+        )
 
     def learn(self, choice: RouteChoice, tier: str, quality: float) -> None:
         if tier not in self._a_inv or len(choice.context) != CONTEXT_DIMS:

@@ -148,12 +148,10 @@ def route_eval(
     }
     sweep = threshold_sweep(model, outcomes, costs, cost_weight)
     best_static = max(sweep, key=_reward)
-    chosen = max(threshold_sweep(model, tuning or outcomes, costs, cost_weight), key=_reward)
-    static_dev = next(
-        p
-        for p in sweep
-        if (p["small_below"], p["medium_below"]) == (chosen["small_below"], chosen["medium_below"])
-    )
+    static_dev = best_static
+    if tuning is not None:  # the same grid in the same order, scored on the tuning split
+        tuned = threshold_sweep(model, tuning, costs, cost_weight)
+        static_dev = sweep[max(range(len(tuned)), key=lambda i: tuned[i]["reward"])]
     return {
         "requests": len(outcomes),
         "costs": costs,

@@ -70,18 +70,13 @@ def widen(trained: Any, model: Any, *, noise: float = 0.01, seed: int = 0) -> An
         )
     generator = torch.Generator().manual_seed(seed)
 
-    def doubled(weight: torch.Tensor, *, rows: bool, cols: bool, chunks: int = 1) -> torch.Tensor:
-        # Conv1D weights are (in, out); `chunks` splits the output (q, k, v) before doubling it
-        out = weight
-        if cols:
-            parts = out.reshape(out.shape[0], chunks, -1)
-            out = torch.cat([parts, parts], dim=2).reshape(out.shape[0], -1)
-        if rows:
-            out = torch.cat([out, out], dim=0) / 2
-        if out.dim() == 2:
-            jitter = torch.randn(out.shape, generator=generator) * noise * float(out.std())
-            out = out + jitter
-        return out
+    def doubled(weight: torch.Tensor, chunks: int = 1) -> torch.Tensor:
+        # Conv1D weights are (in, out): inputs doubled (rows, halved), outputs doubled (columns;
+        # `chunks` splits them first, for q, k and v), then the noise
+        parts = weight.reshape(weight.shape[0], chunks, -1)
+        out = torch.cat([parts, parts], dim=2).reshape(weight.shape[0], -1)
+        out = torch.cat([out, out], dim=0) / 2
+        return out + torch.randn(out.shape, generator=generator) * noise * float(out.std())
 
     def bias(values: torch.Tensor, chunks: int = 1) -> torch.Tensor:
         parts = values.reshape(chunks, -1)
@@ -95,16 +90,16 @@ def widen(trained: Any, model: Any, *, noise: float = 0.01, seed: int = 0) -> An
             value = source[name].float()
             if name.endswith(("wte.weight", "wpe.weight")):
                 grown = torch.cat([value, value], dim=1)
-            elif name.endswith("ln_f.weight") or name.endswith("ln_f.bias"):
+            elif ".ln_f." in name:
                 grown = torch.cat([value, value]) / 2
             elif ".ln_" in name:
                 grown = torch.cat([value, value])
             elif name.endswith("attn.c_attn.weight"):
-                grown = doubled(value, rows=True, cols=True, chunks=3)
+                grown = doubled(value, chunks=3)
             elif name.endswith("attn.c_attn.bias"):
                 grown = bias(value, chunks=3)
             elif name.endswith(".weight"):  # attn.c_proj, mlp.c_fc, mlp.c_proj
-                grown = doubled(value, rows=True, cols=True)
+                grown = doubled(value)
             elif name.endswith(".bias"):
                 grown = bias(value)
             else:
@@ -119,12 +114,12 @@ def widen(trained: Any, model: Any, *, noise: float = 0.01, seed: int = 0) -> An
 def grow(trained: Any, model: Any, build: Any) -> Any:
     """Grows `trained` into `model`: twice as wide first if needed, then deeper.
 
-    `build(n_layer, n_embd, n_head)` makes a fresh model of another shape (the wide step).
+    `build(n_layer, n_embd, n_head)` makes a fresh model of another shape (the wide step, when
+    the model also grows deeper).
     """
     old, new = trained.config, model.config
     if new.n_embd != old.n_embd:
-        wide = build(old.n_layer, new.n_embd, new.n_head)
-        trained = widen(trained, wide)
         if new.n_layer == old.n_layer:
-            return trained
+            return widen(trained, model)
+        trained = widen(trained, build(old.n_layer, new.n_embd, new.n_head))
     return grow_depth(trained, model)

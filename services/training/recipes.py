@@ -20,14 +20,15 @@ class TierRecipe:
     n_head: int
     lr: float  # peak AdamW learning rate, after a linear warm-up, cosine-decayed to lr / 10
     budget_share: float  # fraction of the training budget (minutes) this tier trains for
-    batch_tokens: int = 2048  # padded tokens per optimiser step (rows = batch_tokens // length)
+    batch_tokens: int = 4096  # padded tokens per optimiser step (rows = batch_tokens // length)
     warmup_steps: int = 50
     weight_decay: float = 0.01
     n_positions: int = 256  # longest prompt + answer the model can see
     steps: int | None = None  # train exactly this many steps instead of the time budget
     # share of optimiser steps per kind of batch: simple, medium, complex, drill (see trainer)
     step_mix: tuple[float, float, float, float] = (0.05, 0.3, 0.5, 0.15)
-    # a tier trained before this one whose checkpoint it starts from, grown deeper (same width)
+    # a tier trained before this one whose checkpoint it starts from, grown (growth.py): twice as
+    # wide at the same depth, and/or deeper at the same width
     grow_from: str | None = None
 
 
@@ -50,7 +51,6 @@ RECIPES = {
         lr=3e-3,
         budget_share=5 / 47,
         steps=1200,
-        batch_tokens=4096,
         step_mix=SHORT_BUDGET_MIX,
     ),
     "medium": TierRecipe(
@@ -61,7 +61,6 @@ RECIPES = {
         lr=1e-3,
         budget_share=12 / 47,
         steps=1100,
-        batch_tokens=4096,
         warmup_steps=100,
         step_mix=SHORT_BUDGET_MIX,
         grow_from="small",
@@ -74,7 +73,6 @@ RECIPES = {
         lr=1e-3,
         budget_share=30 / 47,
         steps=1000,
-        batch_tokens=4096,
         warmup_steps=100,
         grow_from="medium",
     ),

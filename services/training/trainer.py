@@ -51,7 +51,8 @@ class TrainingReport:
 
 
 class ExampleBatches:
-    """Endless (kind, input_ids, labels, attention_mask) batches from the workload stream."""
+    """Endless (kind, input_ids, labels, tokens) batches from the workload stream; `tokens`
+    counts the unpadded prompt + answer tokens."""
 
     def __init__(
         self,
@@ -78,25 +79,23 @@ class ExampleBatches:
             if item.request_class == "simple" or item.prompt not in self._held_out:
                 yield item.prompt, item.reference
 
-    def next_batch(self) -> tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def next_batch(self) -> tuple[str, torch.Tensor, torch.Tensor, int]:
         kind = self._rng.choices(KINDS, weights=self._mix)[0]
         pairs = [next(self._streams[kind]) for _ in range(self._rows[kind])]
         prompts = self._tokenizer([prompt_text(prompt) for prompt, _ in pairs])["input_ids"]
         answers = self._tokenizer(
             [reference + EOS_TOKEN for _, reference in pairs], add_special_tokens=False
         )["input_ids"]
-        longest = max(len(p) + len(a) for p, a in zip(prompts, answers, strict=True))
+        lengths = [len(p) + len(a) for p, a in zip(prompts, answers, strict=True)]
         # a few distinct batch shapes only: every new shape costs the CPU kernels a fresh set-up
-        width = -(-longest // WIDTH_STEP) * WIDTH_STEP
+        width = -(-max(lengths) // WIDTH_STEP) * WIDTH_STEP
         pad = int(self._tokenizer.pad_token_id)
         ids = torch.full((len(pairs), width), pad, dtype=torch.long)  # (B, T)
         labels = torch.full((len(pairs), width), -100, dtype=torch.long)  # (B, T)
-        mask = torch.zeros((len(pairs), width), dtype=torch.long)  # (B, T)
         for row, (p, a) in enumerate(zip(prompts, answers, strict=True)):
             ids[row, : len(p) + len(a)] = torch.tensor(p + a)
             labels[row, len(p) : len(p) + len(a)] = torch.tensor(a)
-            mask[row, : len(p) + len(a)] = 1
-        return kind, ids, labels, mask
+        return kind, ids, labels, sum(lengths)
 
 
 def build_model(recipe: TierRecipe, tokenizer: Any) -> Any:
@@ -127,7 +126,7 @@ def _lr_at(step: int, progress: float, recipe: TierRecipe) -> float:
 
 
 def _step(model: Any, optimiser: Any, batch: tuple[Any, ...], lr: float) -> tuple[float, int]:
-    _, ids, labels, mask = batch
+    _, ids, labels, tokens = batch
     for group in optimiser.param_groups:
         group["lr"] = lr
     # padding only ever follows an example, and causal attention never looks ahead, so no mask
@@ -138,7 +137,7 @@ def _step(model: Any, optimiser: Any, batch: tuple[Any, ...], lr: float) -> tupl
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimiser.step()
     optimiser.zero_grad(set_to_none=True)
-    return float(loss.item()), int(mask.sum().item())
+    return float(loss.item()), tokens
 
 
 def train_tier(
