@@ -48,7 +48,11 @@ def check_model_folder(path: Path) -> None:
 def load_causal_lm(path: Path, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
     """Loads the model and tokenizer in `path` onto `device` with weights in `dtype`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    # a per-tensor progress bar for a load of well under a second is noise in service logs and in
+    # every tool that loads the tiers (eval, labelling)
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     check_model_folder(path)
     if dtype not in DTYPES:
         raise ModelFolderError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
