@@ -31,7 +31,7 @@ TRAINING_ENV = {
 }
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_DIR = REPO_ROOT / ".tiermesh" / "training"  # per-tier logs of a parallel run
-DEFAULT_MINUTES = 50.0  # wall time of the default run, split over the tiers by budget share
+DEFAULT_MINUTES = 50.0  # budget of recipes without a step count, split over tiers by budget share
 DEFAULT_SEED = 1234
 TIER_CHOICES = ("small", "medium", "large")
 
@@ -229,9 +229,8 @@ def _train(args: argparse.Namespace) -> int:
     console = Console(soft_wrap=True)
     torch.set_num_threads(args.threads)
     # transformers' notices about padding without a mask and an unset loss type do not apply to
-    # these models (see trainer._step), and its weight-loading bars would interleave with ours
+    # these models (see trainer._step); its weight-loading bars are off in load_causal_lm
     hf_logging.set_verbosity(logging.ERROR)
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     train_items = load_split("train")
     texts = [prompt_text(i.prompt) + i.reference + EOS_TOKEN for i in train_items]
     drills = islice(drill_stream(args.seed), len(train_items) // 10)

@@ -10,6 +10,7 @@ Knows transformers' GPT-2 module layout; nothing of files, data or serving.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -111,7 +112,7 @@ def widen(trained: Any, model: Any, *, noise: float = 0.01, seed: int = 0) -> An
     return model
 
 
-def grow(trained: Any, model: Any, build: Any) -> Any:
+def grow(trained: Any, model: Any, build: Callable[[int, int, int], Any]) -> Any:
     """Grows `trained` into `model`: twice as wide first if needed, then deeper.
 
     `build(n_layer, n_embd, n_head)` makes a fresh model of another shape (the wide step, when

@@ -215,13 +215,14 @@ def train_tier(
 
 def load_trained(folder: Path, tokenizer: Any) -> Any:
     """The fp32 GPT2LMHeadModel saved in `folder`, which must have been trained with `tokenizer`."""
-    from transformers import AutoTokenizer, GPT2LMHeadModel
+    from services.tier.model_loading import load_causal_lm
 
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"no trained checkpoint to grow from in {folder}: train it first")
-    if AutoTokenizer.from_pretrained(str(folder)).get_vocab() != tokenizer.get_vocab():
+    loaded = load_causal_lm(folder, dtype="float32")
+    if loaded.tokenizer.get_vocab() != tokenizer.get_vocab():
         raise ValueError(f"{folder} was trained with another tokenizer: train it again first")
-    return GPT2LMHeadModel.from_pretrained(str(folder), dtype=torch.float32)
+    return loaded.model
 
 
 def save_checkpoint(model: Any, tokenizer: Any, out_dir: Path) -> None:
