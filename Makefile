@@ -2,27 +2,41 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+TOOLS := .tools
+BUF := $(TOOLS)/node_modules/.bin/buf
+BUF_VERSION := 1.75.0
 PROTO_SRC := $(wildcard protos/tiermesh/v1/*.proto)
+# where `make protos` writes the generated tiermesh.v1 package: inside the client distribution
+STUBS := clients/python/src
 
-.PHONY: setup protos run test lint fmt bench models clean
+.PHONY: setup protos run test lint fmt bench models client clean
 
-setup: $(BIN)/tiermesh protos  ## create .venv and install everything (CPU torch)
+setup: $(BIN)/tiermesh protos $(BUF)  ## create .venv and install everything (CPU torch), buf
 
-$(BIN)/tiermesh: pyproject.toml
+$(BIN)/tiermesh: pyproject.toml clients/python/pyproject.toml clients/python/setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	# torch from the CPU build; xds-protos before the rest, so that opentelemetry-proto's own
+	# files replace the older copies xds-protos carries (see [mesh] in pyproject.toml)
+	$(BIN)/python -m pip install --quiet "torch==2.13.0" "xds-protos==1.85.0" \
+		"setuptools>=68" wheel "grpcio-tools>=1.85,<2"
+	$(BIN)/python -m pip install --quiet --no-build-isolation -e clients/python
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	# xds-protos ships its own opentelemetry/proto files; put the exporter's own copy back on top
-	$(BIN)/python -m pip install --quiet --force-reinstall --no-deps \
-		"opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	$(BIN)/python -c "from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter"
 	touch $(BIN)/tiermesh
 
+$(BUF):
+	npm install --silent --no-audit --no-fund --prefix $(TOOLS) "@bufbuild/buf@$(BUF_VERSION)"
+	$(BUF) --version
+
 protos: $(BIN)/tiermesh  ## generate the Python package tiermesh.v1 (+ .pyi stubs) from protos/
-	$(BIN)/python -m grpc_tools.protoc -I protos --python_out=protos --pyi_out=protos \
-		--grpc_python_out=protos $(PROTO_SRC)
-	touch protos/tiermesh/__init__.py protos/tiermesh/v1/__init__.py
+	$(BIN)/python -m grpc_tools.protoc -I protos --python_out=$(STUBS) --pyi_out=$(STUBS) \
+		--grpc_python_out=$(STUBS) $(PROTO_SRC)
+
+client: $(BIN)/tiermesh  ## build the client distribution (stubs + SDK, no torch) into dist/
+	rm -rf clients/python/build
+	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation -w dist clients/python
+	@ls dist/tiermesh_client-*.whl
 
 run: setup  ## start the three tiers and the router, show one streamed answer, serve until Ctrl-C
 	$(BIN)/tiermesh run
@@ -30,10 +44,13 @@ run: setup  ## start the three tiers and the router, show one streamed answer, s
 test: setup  ## the suite CI runs
 	$(BIN)/python -m pytest -q
 
-lint: setup  ## ruff (lint + format check) and mypy
+lint: setup  ## ruff, mypy, import contracts, buf lint and buf breaking (against main)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BUF) lint
+	scripts/proto_breaking.sh $(BUF)
 
 fmt: setup
 	$(BIN)/ruff format .
@@ -51,6 +68,7 @@ bench: setup  ## router-hop and tracing latency, engine batching, hybrid vs sing
 	$(BIN)/tiermesh bench --scenario long-tail --out report/
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache .tiermesh
-	find protos -name '*_pb2*.py*' -delete
+	rm -rf $(VENV) $(TOOLS) build dist clients/python/build *.egg-info .mypy_cache .ruff_cache .pytest_cache .tiermesh
+	find $(STUBS) -name '*_pb2*.py*' -delete
+	find . -name '*.egg-info' -prune -exec rm -rf {} +
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

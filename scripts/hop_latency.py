@@ -33,7 +33,7 @@ from tiermesh.v1 import router_pb2, router_pb2_grpc, tier_pb2, tier_pb2_grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from services.router.launcher import is_serving  # noqa: E402
+from services.launcher.local_mesh import is_serving  # noqa: E402
 
 PROMPT = "What is your return policy?"
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from tiermesh.client import AsyncRouterClient
 
 from services.bench.costs import PriceProfile, cost_per_million_tokens
 from services.bench.loadgen import (
@@ -34,8 +35,7 @@ from services.bench.metrics import percentile, ratios_vs, summarise
 from services.bench.resources import ResourceMonitor, ServiceHandle
 from services.bench.scenarios import RequestSequence, Scenario, arrival_times, schedule_digest
 from services.common.tiers import TIER_NAMES
-from services.router.launcher import free_base_port, plan_children, stop_all, wait_healthy
-from services.router.sdk import AsyncRouterClient
+from services.launcher.local_mesh import free_base_port, plan_children, stop_all, wait_healthy
 from services.workload import WorkloadItem
 
 BASELINE = "single"

@@ -18,8 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tiermesh.client import AsyncRouterClient, ChatError, DeltaEvent, FinalEvent
+
 from services.bench.scenarios import RequestSequence
-from services.router.sdk import AsyncRouterClient, ChatError, DeltaEvent, FinalEvent
 from services.workload import WorkloadItem
 
 FAILURE_BACKOFF_S = 0.05  # closed loop: a client waits this long after a failed request, so a

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import os
 
-DEFAULT_ROUTER_ADDRESS = "127.0.0.1:50051"
+from tiermesh.client.router_client import DEFAULT_ROUTER_ADDRESS, router_address
 
-
-def router_address() -> str:
-    return os.environ.get("TIERMESH_ROUTER", DEFAULT_ROUTER_ADDRESS)
+__all__ = ["DEFAULT_ROUTER_ADDRESS", "log_level", "router_address", "run_dir", "torch_threads"]
 
 
 def log_level() -> str:

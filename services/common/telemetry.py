@@ -32,10 +32,11 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
+from tiermesh.client.tracing import INSTRUMENTATION, end_span, inject_metadata
+
+__all__ = ["end_span", "inject_metadata", "meter", "setup_telemetry", "tracer"]
 
 log = logging.getLogger(__name__)
-
-INSTRUMENTATION = "tiermesh"
 
 
 def tracer() -> trace.Tracer:
@@ -44,42 +45,6 @@ def tracer() -> trace.Tracer:
 
 def meter() -> metrics.Meter:
     return metrics.get_meter(INSTRUMENTATION)
-
-
-def inject_metadata(context: Context | None = None) -> list[tuple[str, str]]:
-    """gRPC metadata carrying a trace context (traceparent, tracestate): `context`, or the
-    current one."""
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier, context=context)
-    return list(carrier.items())
-
-
-def end_span(span: trace.Span, code_name: str, message: str = "") -> None:
-    """Ends a span with the gRPC status it finished with (OK, CANCELLED, UNAVAILABLE, ...)."""
-    from opentelemetry.trace import Status, StatusCode
-
-    span.set_attribute("rpc.grpc.status_code", _GRPC_CODES.get(code_name, 2))
-    if code_name == "OK":
-        span.set_status(Status(StatusCode.OK))
-    else:
-        span.set_status(
-            Status(StatusCode.ERROR, f"{code_name}: {message}" if message else code_name)
-        )
-    span.end()
-
-
-_GRPC_CODES = {
-    "OK": 0,
-    "CANCELLED": 1,
-    "UNKNOWN": 2,
-    "INVALID_ARGUMENT": 3,
-    "DEADLINE_EXCEEDED": 4,
-    "NOT_FOUND": 5,
-    "RESOURCE_EXHAUSTED": 8,
-    "ABORTED": 10,
-    "INTERNAL": 13,
-    "UNAVAILABLE": 14,
-}
 
 
 def extract_context(metadata: Sequence[tuple[str, Any]] | None) -> Context:

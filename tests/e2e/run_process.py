@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-TIERMESH = [sys.executable, "-m", "services.router.cli"]
+TIERMESH = [sys.executable, "-m", "services.cli"]
 ROOT = Path(__file__).resolve().parents[2]
 
 

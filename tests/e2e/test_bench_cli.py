@@ -25,7 +25,7 @@ def bench_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("bench")
     large = build_tiny_model(tmp / "large-model", seed=7)
     out = tmp / "report"
-    command = [sys.executable, "-m", "services.router.cli", "bench", "--json", "--out", str(out)]
+    command = [sys.executable, "-m", "services.cli", "bench", "--json", "--out", str(out)]
     command += ["--scenario", "long-tail", "--rate", "5", "--duration", "2", "--warmup", "0.5"]
     command += ["--max-tokens", "6", "--seed", "11"]
     for tier, model in (("small", tiny_model_dir), ("medium", tiny_model_dir), ("large", large)):

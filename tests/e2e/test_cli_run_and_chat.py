@@ -14,7 +14,7 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from services.router.launcher import free_base_port
+from services.launcher.local_mesh import free_base_port
 from tests.e2e.run_process import ROOT, TIERMESH, tiermesh_run
 from tests.tiny_model import build_tiny_model
 

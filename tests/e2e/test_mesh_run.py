@@ -12,10 +12,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+from tiermesh.client import FinalEvent, RouteEvent, RouterClient
 from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
-from services.router.launcher import free_base_port
-from services.router.sdk import FinalEvent, RouteEvent, RouterClient
+from services.launcher.local_mesh import free_base_port
 from tests.e2e.run_process import ROOT, TIERMESH, tiermesh_run
 
 

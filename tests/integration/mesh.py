@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from tiermesh.client import AsyncRouterClient, DeltaEvent, FinalEvent
 from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
 from services.common.config import RouterConfig, TierConfig, build_config
 from services.common.tiers import TIER_NAMES
-from services.router.sdk import AsyncRouterClient, DeltaEvent, FinalEvent
 from services.router.server import RouterServer, start_router
 from services.tier.server import TierServer, start_tier
 

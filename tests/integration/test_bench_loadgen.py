@@ -7,6 +7,7 @@ import itertools
 from pathlib import Path
 
 import pytest
+from tiermesh.client import AsyncRouterClient
 
 from services.bench.hybrid_bench import LoadOptions, MeshTarget, run_sweep
 from services.bench.loadgen import CONFIGURATIONS, SHED, LoadRun, run_open_loop
@@ -18,7 +19,6 @@ from services.bench.scenarios import (
     build_scenario,
     schedule_digest,
 )
-from services.router.sdk import AsyncRouterClient
 from tests.integration.mesh import start_mesh
 
 

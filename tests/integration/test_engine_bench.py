@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_bench_engine_json(tiny_model_dir: Path) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "services.router.cli", "bench", "engine", "--json"]
+        [sys.executable, "-m", "services.cli", "bench", "engine", "--json"]
         + ["--model", str(tiny_model_dir), "--concurrency", "1,3", "--max-tokens", "6"]
         + ["--no-transformers-batching"],
         cwd=ROOT,

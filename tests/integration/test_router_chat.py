@@ -6,9 +6,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-
-from services.router.revisions import common_prefix_chars
-from services.router.sdk import (
+from tiermesh.client import (
     AsyncRouterClient,
     ChatError,
     DeltaEvent,
@@ -17,6 +15,8 @@ from services.router.sdk import (
     RevisionStartEvent,
     RouteEvent,
 )
+
+from services.router.revisions import common_prefix_chars
 from tests.integration.mesh import Mesh, start_mesh
 from tests.tiny_model import build_tiny_model
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from tiermesh.client import AsyncRouterClient, ChatError, FinalEvent
 from tiermesh.v1 import router_pb2, router_pb2_grpc
 
-from services.router.sdk import AsyncRouterClient, ChatError, FinalEvent
 from tests.integration.mesh import hold_stream, leave_after_first_delta, start_mesh
 
 PROMPT = "What is your return policy?"

@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from tiermesh.client import AsyncRouterClient, RouteEvent
 
-from services.router.sdk import AsyncRouterClient, RouteEvent
 from services.routing.predictor_training import train_model
 from tests.integration.mesh import Mesh, hold_stream, start_mesh
 from tests.unit.test_routing_offline import synthetic

@@ -13,9 +13,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from tiermesh.client import AsyncRouterClient
 
 from services.common.telemetry import setup_telemetry
-from services.router.sdk import AsyncRouterClient
 from tests.integration.mesh import Mesh, leave_after_first_delta, start_mesh
 
 PROMPT = "What is your return policy?"

@@ -11,8 +11,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
-
-from services.router.sdk import (
+from tiermesh.client import (
     ChatError,
     DeltaEvent,
     Event,

@@ -1,37 +1,17 @@
-"""The `tiermesh` command: run the mesh, chat with it, and manage the built-in models.
-
-tiermesh run [--mesh]             start tiers + router (+ xDS control plane), show an answer, serve
-tiermesh chat [--json] PROMPT     one chat through the router
-tiermesh models train|eval        the built-in model family (see services/training)
-tiermesh mesh serve|status|...    the xDS control plane and what points at it (see mesh/)
-"""
+"""`tiermesh run` and `tiermesh chat`: the whole mesh on this machine, and one chat through it."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from services.common import env
 from services.common.tiers import TIER_NAMES
 
 DEMO_PROMPT = "What is your return policy?"
-# Modules that add their own subcommands through `register(subparsers)`.
-COMMAND_MODULES = tuple(
-    name
-    for name in (
-        "services.router.trace_view",
-        "services.training.cli",
-        "services.bench.cli",
-        "services.routing.cli",
-        "mesh.cli",
-    )
-    if importlib.util.find_spec(name.rsplit(".", 1)[0]) is not None
-    and importlib.util.find_spec(name) is not None
-)
 
 
 def _model_overrides(values: list[str]) -> dict[str, Path]:
@@ -45,7 +25,7 @@ def _model_overrides(values: list[str]) -> dict[str, Path]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from services.router.launcher import run_mesh
+    from services.launcher.local_mesh import run_mesh
 
     return run_mesh(
         base_port=args.base_port,
@@ -57,9 +37,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    from tiermesh.client import RouterClient
+
+    from services.cli.chat_view import print_json_events, show_live
     from services.common.telemetry import setup_telemetry
-    from services.router.chat_view import print_json_events, show_live
-    from services.router.sdk import RouterClient
 
     if args.mode == "pinned" and not args.tier:
         print("tiermesh chat: --mode pinned needs --tier small|medium|large", file=sys.stderr)
@@ -83,12 +64,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         telemetry.shutdown()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tiermesh", description="Hybrid and progressive LLM inference over a gRPC mesh."
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def register_run(commands: Any) -> None:
     run = commands.add_parser("run", help="start the tiers and the router on this machine")
     run.add_argument("--no-demo", action="store_true", help="skip the demo chat after start-up")
     run.add_argument("--demo-prompt", default=DEMO_PROMPT, help="prompt of the demo chat")
@@ -108,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=cmd_run)
 
+
+def register_chat(commands: Any) -> None:
     chat = commands.add_parser("chat", help="one chat through the router")
     chat.add_argument("prompt", help="the user's message")
     chat.add_argument("--mode", choices=("routed", "progressive", "pinned"), default="routed")
@@ -118,20 +96,3 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     chat.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
     chat.set_defaults(func=cmd_chat)
-
-    for module in COMMAND_MODULES:
-        importlib.import_module(module).register(commands)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        code: int = args.func(args)
-    except KeyboardInterrupt:
-        return 130
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

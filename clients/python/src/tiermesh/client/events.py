@@ -1,0 +1,150 @@
+"""The events of one chat as plain, immutable Python values, converted from the wire's ChatEvent.
+
+Order on a stream: RouteEvent; per revision RevisionStartEvent, DeltaEvent..., RevisionEndEvent;
+then exactly one FinalEvent, unless the chat ends with an error (ChatError). `event_to_json` is the
+`tiermesh chat --json` line format, a contract: fields are only ever added.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+from tiermesh.client.errors import ChatError
+from tiermesh.client.requests import MODE_NAMES
+from tiermesh.v1 import common_pb2, router_pb2
+
+
+@dataclass(frozen=True)
+class RouteEvent:
+    """Where the router sends the chat: `tiers` in revision order, and why."""
+
+    request_id: str
+    mode: str
+    tiers: tuple[str, ...]
+    complexity: float
+    policy: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RevisionStartEvent:
+    """A revision begins; it replaces revision `replaces` (None for the first) and keeps its
+    first `kept_prefix_chars` characters."""
+
+    revision: int
+    tier: str
+    replaces: int | None
+    kept_prefix_chars: int
+
+
+@dataclass(frozen=True)
+class DeltaEvent:
+    """More text of a revision: a revision's text is the concatenation of its deltas."""
+
+    revision: int
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RevisionEndEvent:
+    revision: int
+    finish_reason: str
+    usage: dict[str, Any]
+    error: str
+
+
+@dataclass(frozen=True)
+class FinalEvent:
+    """The answer: which revision it is, its text, and the usage of every tier called."""
+
+    revision: int
+    tier: str
+    text: str
+    reason: str
+    revisions: int
+    usage: list[dict[str, Any]]
+    timings: dict[str, float]
+
+
+Event = RouteEvent | RevisionStartEvent | DeltaEvent | RevisionEndEvent | FinalEvent
+
+EVENT_TYPES: dict[type, str] = {
+    RouteEvent: "route",
+    RevisionStartEvent: "revision_start",
+    DeltaEvent: "delta",
+    RevisionEndEvent: "revision_end",
+    FinalEvent: "final",
+}
+
+
+@dataclass
+class ChatResult:
+    """The answer of a chat: the final revision's text, and every event that led to it."""
+
+    text: str
+    tier: str
+    revision: int
+    final: FinalEvent
+    events: list[Event] = field(default_factory=list)
+
+    @classmethod
+    def from_events(cls, events: list[Event]) -> ChatResult:
+        if not events or not isinstance(events[-1], FinalEvent):
+            raise ChatError("INTERNAL", "the chat stream ended without a final event")
+        final = events[-1]
+        return cls(final.text, final.tier, final.revision, final, events)
+
+
+def _fields(message: Any) -> dict[str, Any]:
+    return MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+
+
+def _usage(message: common_pb2.Usage) -> dict[str, Any]:
+    return _fields(message)
+
+
+def event_from_proto(event: router_pb2.ChatEvent) -> Event:
+    """The plain event for one ChatEvent off the wire."""
+    kind = event.WhichOneof("event")
+    if kind == "route":
+        r = event.route
+        mode = MODE_NAMES.get(r.mode, "routed")
+        return RouteEvent(r.request_id, mode, tuple(r.tiers), r.complexity, r.policy, r.reason)
+    if kind == "revision_start":
+        s = event.revision_start
+        replaces = s.replaces if s.HasField("replaces") else None
+        return RevisionStartEvent(s.revision, s.tier, replaces, s.kept_prefix_chars)
+    if kind == "delta":
+        d = event.delta
+        return DeltaEvent(d.revision, d.text, tuple(d.token_ids))
+    if kind == "revision_end":
+        e = event.revision_end
+        return RevisionEndEvent(e.revision, e.finish_reason, _usage(e.usage), e.error)
+    if kind == "final":
+        f = event.final
+        usage = [
+            {
+                "tier": u.tier,
+                "revision": u.revision if u.HasField("revision") else None,
+                "cancelled": u.cancelled,
+                **_usage(u.usage),
+            }
+            for u in f.usage
+        ]
+        return FinalEvent(
+            f.revision, f.tier, f.text, f.reason, f.revisions, usage, _fields(f.timings)
+        )
+    raise ChatError("INTERNAL", f"unknown chat event {kind!r}")
+
+
+def event_to_json(event: Event, t_ms: float) -> dict[str, Any]:
+    """The `tiermesh chat --json` form of an event: {"type", "t_ms", ...its fields}."""
+    fields = dict(event.__dict__)
+    if isinstance(event, DeltaEvent | RouteEvent):
+        fields = {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
+    return {"type": EVENT_TYPES[type(event)], "t_ms": round(t_ms, 3), **fields}

@@ -1,0 +1,47 @@
+"""Builds a router ChatRequest from keyword options, and the one name table of chat modes."""
+
+from __future__ import annotations
+
+from tiermesh.v1 import common_pb2, router_pb2
+
+MODES: dict[str, int] = {
+    "routed": router_pb2.MODE_ROUTED,
+    "progressive": router_pb2.MODE_PROGRESSIVE,
+    "pinned": router_pb2.MODE_PINNED,
+}
+MODE_NAMES: dict[int, str] = {value: name for name, value in MODES.items()}
+
+
+def build_request(
+    prompt: str | None = None,
+    *,
+    messages: list[tuple[str, str]] | None = None,
+    mode: str = "routed",
+    tier: str = "",
+    max_tokens: int | None = None,
+    request_id: str = "",
+    temperature: float = 0.0,
+    draft_tier: str = "",
+    refine_tier: str = "",
+    progressive_gate: str = "",
+) -> router_pb2.ChatRequest:
+    """A ChatRequest: a single `prompt` or `messages` as (role, content) pairs; `mode` one of
+    MODES; `tier` for pinned mode; `max_tokens` None for the router's default; `temperature`
+    0 for greedy decoding; `progressive_gate` always, race or cascade (empty: the router's).
+    The router validates the rest and answers INVALID_ARGUMENT."""
+    if mode not in MODES:
+        raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
+    request = router_pb2.ChatRequest(
+        request_id=request_id,
+        prompt=prompt or "",
+        messages=[common_pb2.ChatMessage(role=r, content=c) for r, c in (messages or [])],
+        mode=MODES[mode],  # type: ignore[arg-type]
+        tier=tier,
+        draft_tier=draft_tier,
+        refine_tier=refine_tier,
+        progressive_gate=progressive_gate,
+        sampling=common_pb2.SamplingParams(temperature=temperature),
+    )
+    if max_tokens is not None:
+        request.max_tokens = max_tokens
+    return request

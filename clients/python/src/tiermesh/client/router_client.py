@@ -1,0 +1,143 @@
+"""The router's Python clients, async (grpc.aio) and sync, over plaintext or TLS channels.
+
+Both have the same methods: `chat_stream` yields events as they arrive (leaving the loop early
+cancels the chat upstream), `chat` reads to the final event and returns the answer, `feedback`
+sends a quality score for a finished chat. Failures raise ChatError.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import grpc
+from tiermesh.client.errors import ChatError
+from tiermesh.client.events import ChatResult, Event, event_from_proto
+from tiermesh.client.requests import build_request
+from tiermesh.client.tracing import end_span, start_chat_span
+from tiermesh.v1 import router_pb2, router_pb2_grpc
+
+DEFAULT_ROUTER_ADDRESS = "127.0.0.1:50051"
+ROUTER_ADDRESS_ENV = "TIERMESH_ROUTER"
+
+
+def router_address() -> str:
+    """The router address to use when none is given: $TIERMESH_ROUTER, else 127.0.0.1:50051."""
+    return os.environ.get(ROUTER_ADDRESS_ENV, DEFAULT_ROUTER_ADDRESS)
+
+
+class AsyncRouterClient:
+    """Client of RouterService on a grpc.aio channel; use it inside the event loop it was
+    created in. `credentials` (grpc.ssl_channel_credentials) makes the channel TLS."""
+
+    def __init__(
+        self, address: str | None = None, *, credentials: grpc.ChannelCredentials | None = None
+    ) -> None:
+        self.address = address or router_address()
+        if credentials is None:
+            self._channel = grpc.aio.insecure_channel(self.address)
+        else:
+            self._channel = grpc.aio.secure_channel(self.address, credentials)
+        self._stub = router_pb2_grpc.RouterServiceStub(self._channel)
+
+    async def chat_stream(
+        self, prompt: str | None = None, *, timeout: float | None = None, **options: Any
+    ) -> AsyncIterator[Event]:
+        """The chat's events as they arrive; options are build_request's keywords."""
+        request = build_request(prompt, **options)
+        span, metadata = start_chat_span(options.get("mode", "routed"))
+        call = self._stub.Chat(request, timeout=timeout, metadata=metadata)
+        code = "CANCELLED"
+        try:
+            async for event in call:
+                yield event_from_proto(event)
+            code = "OK"
+        except grpc.aio.AioRpcError as e:
+            code = e.code().name
+            raise ChatError.from_rpc_error(e) from None
+        finally:
+            call.cancel()
+            end_span(span, code)
+
+    async def chat(
+        self, prompt: str | None = None, *, timeout: float | None = None, **options: Any
+    ) -> ChatResult:
+        """Reads the chat to its final event and returns the answer."""
+        events = [e async for e in self.chat_stream(prompt, timeout=timeout, **options)]
+        return ChatResult.from_events(events)
+
+    async def feedback(self, request_id: str, score: float) -> bool:
+        """Scores a finished chat in [0, 1]; False when the router no longer remembers it."""
+        request = router_pb2.FeedbackRequest(request_id=request_id, score=score)
+        try:
+            response = await self._stub.Feedback(request)
+        except grpc.aio.AioRpcError as e:
+            raise ChatError.from_rpc_error(e) from None
+        return bool(response.accepted)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncRouterClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class RouterClient:
+    """Client of RouterService on a blocking channel; safe to share between threads."""
+
+    def __init__(
+        self, address: str | None = None, *, credentials: grpc.ChannelCredentials | None = None
+    ) -> None:
+        self.address = address or router_address()
+        if credentials is None:
+            self._channel = grpc.insecure_channel(self.address)
+        else:
+            self._channel = grpc.secure_channel(self.address, credentials)
+        self._stub = router_pb2_grpc.RouterServiceStub(self._channel)
+
+    def chat_stream(
+        self, prompt: str | None = None, *, timeout: float | None = None, **options: Any
+    ) -> Iterator[Event]:
+        """The chat's events as they arrive; options are build_request's keywords."""
+        request = build_request(prompt, **options)
+        span, metadata = start_chat_span(options.get("mode", "routed"))
+        call = self._stub.Chat(request, timeout=timeout, metadata=metadata)
+        code = "CANCELLED"
+        try:
+            for event in call:
+                yield event_from_proto(event)
+            code = "OK"
+        except grpc.RpcError as e:
+            error = ChatError.from_rpc_error(e)
+            code = error.code
+            raise error from None
+        finally:
+            call.cancel()
+            end_span(span, code)
+
+    def chat(
+        self, prompt: str | None = None, *, timeout: float | None = None, **options: Any
+    ) -> ChatResult:
+        """Reads the chat to its final event and returns the answer."""
+        return ChatResult.from_events(list(self.chat_stream(prompt, timeout=timeout, **options)))
+
+    def feedback(self, request_id: str, score: float) -> bool:
+        """Scores a finished chat in [0, 1]; False when the router no longer remembers it."""
+        request = router_pb2.FeedbackRequest(request_id=request_id, score=score)
+        try:
+            return bool(self._stub.Feedback(request).accepted)
+        except grpc.RpcError as e:
+            raise ChatError.from_rpc_error(e) from None
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> RouterClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,82 @@
+"""Client-side tracing that works with or without OpenTelemetry installed.
+
+With `opentelemetry-api` importable, a chat gets a CLIENT span and its W3C trace context travels
+to the router in gRPC metadata; what happens to the span (exported or dropped) is up to the SDK
+the application configured. Without it, every function here does nothing. The server reuses
+`inject_metadata` and `end_span` so there is one implementation of each.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+try:
+    from opentelemetry import propagate, trace
+except ImportError:  # pragma: no cover - exercised by the client's own torch-free venv test
+    propagate = None  # type: ignore[assignment]
+    trace = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+
+INSTRUMENTATION = "tiermesh"
+GRPC_STATUS_CODES = {
+    "OK": 0,
+    "CANCELLED": 1,
+    "UNKNOWN": 2,
+    "INVALID_ARGUMENT": 3,
+    "DEADLINE_EXCEEDED": 4,
+    "NOT_FOUND": 5,
+    "ALREADY_EXISTS": 6,
+    "PERMISSION_DENIED": 7,
+    "RESOURCE_EXHAUSTED": 8,
+    "FAILED_PRECONDITION": 9,
+    "ABORTED": 10,
+    "OUT_OF_RANGE": 11,
+    "UNIMPLEMENTED": 12,
+    "INTERNAL": 13,
+    "UNAVAILABLE": 14,
+    "DATA_LOSS": 15,
+    "UNAUTHENTICATED": 16,
+}
+
+
+def inject_metadata(context: Context | None = None) -> list[tuple[str, str]]:
+    """gRPC metadata carrying a trace context (traceparent, tracestate): `context`, or the
+    current one. Empty without OpenTelemetry."""
+    if propagate is None:
+        return []
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=context)
+    return list(carrier.items())
+
+
+def end_span(span: Any, code_name: str, message: str = "") -> None:
+    """Ends a span with the gRPC status it finished with (OK, CANCELLED, UNAVAILABLE, ...)."""
+    if span is None or trace is None:
+        return
+    span.set_attribute("rpc.grpc.status_code", GRPC_STATUS_CODES.get(code_name, 2))
+    if code_name == "OK":
+        span.set_status(trace.Status(trace.StatusCode.OK))
+    else:
+        detail = f"{code_name}: {message}" if message else code_name
+        span.set_status(trace.Status(trace.StatusCode.ERROR, detail))
+    span.end()
+
+
+def start_chat_span(mode: str) -> tuple[Any, list[tuple[str, str]]]:
+    """The client span of one chat (None without OpenTelemetry) and the metadata carrying it."""
+    if trace is None:
+        return None, []
+    span = trace.get_tracer(INSTRUMENTATION).start_span(
+        "chat",
+        kind=trace.SpanKind.CLIENT,
+        attributes={
+            "rpc.system": "grpc",
+            "rpc.service": "tiermesh.v1.RouterService",
+            "rpc.method": "Chat",
+            "gen_ai.operation.name": "chat",
+            "tiermesh.mode": mode,
+        },
+    )
+    return span, inject_metadata(trace.set_span_in_context(span))
