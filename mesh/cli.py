@@ -28,6 +28,7 @@ from mesh.topology import Topology
 from mesh.topology_file import load_topology
 from services.common import env
 from services.common.errors import ConfigError
+from services.common.extras import require_extra
 
 DEFAULT_TOPOLOGY = Path(__file__).with_name("topology.yaml")
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ def _fail(message: str, code: int = 2) -> int:
 
 
 async def _serve(topology: Path, host: str, port: int) -> None:
+    require_extra("envoy", "the xDS control plane")
     from mesh.control_plane import start_control_plane
     from services.common.grpc_service import serve_until_signalled
 
@@ -76,6 +78,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     import grpc
 
+    require_extra("envoy", "tiermesh mesh status")
     from mesh.admin import fetch_status, status_json, status_text
 
     address = args.address or _topology(args).control_plane

@@ -10,11 +10,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter
+from services.common.extras import require_extra
 
-from services.bench.loadgen import RequestRecord
+require_extra("matplotlib", "plotting a benchmark")
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
+
+from services.bench.loadgen import RequestRecord  # noqa: E402
 
 COLOURS = {"single": "#c0392b", "hybrid": "#2471a3", "progressive": "#229954"}
 

@@ -20,6 +20,7 @@ from mesh import cli as mesh_cli
 from services.bench import cli as bench_cli
 from services.cli import trace_view
 from services.cli.chat_command import register_chat, register_run
+from services.common.extras import MissingExtra
 from services.routing import cli as routing_cli
 from services.training import cli as training_cli
 
@@ -51,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         code: int = args.func(args)
     except KeyboardInterrupt:
         return 130
+    except MissingExtra as e:
+        print(f"tiermesh {args.command}: {e}", file=sys.stderr)
+        return 2
     return code
 
 

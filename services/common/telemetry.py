@@ -34,6 +34,8 @@ from opentelemetry.sdk.trace.export import (
 )
 from tiermesh.client.tracing import INSTRUMENTATION, end_span, inject_metadata
 
+from services.common.errors import ConfigError
+
 __all__ = ["end_span", "inject_metadata", "meter", "setup_telemetry", "tracer"]
 
 log = logging.getLogger(__name__)
@@ -97,6 +99,25 @@ def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
+def _otlp_exporters() -> tuple[Any, Any]:
+    """The OTLP/gRPC span and metric exporter classes, or a ConfigError that says how to repair
+    an environment where another package's copy of the OpenTelemetry protos replaced the
+    exporter's own (xds-protos installed after opentelemetry-proto does that)."""
+    try:
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    except ImportError as e:
+        import importlib.metadata
+
+        version = importlib.metadata.version("opentelemetry-proto")
+        raise ConfigError(
+            f"OTEL_EXPORTER_OTLP_ENDPOINT is set but the OTLP exporter cannot be imported ({e}); "
+            "if xds-protos was installed after opentelemetry-proto, put the exporter's protos "
+            f"back: pip install --force-reinstall --no-deps opentelemetry-proto=={version}"
+        ) from e
+    return OTLPSpanExporter, OTLPMetricExporter
+
+
 @dataclass
 class Telemetry:
     """What setup_telemetry installed; shutdown() flushes and stops the exporters."""
@@ -132,8 +153,7 @@ def setup_telemetry(
     )
     processors: list[Any] = []
     if endpoint:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
+        OTLPSpanExporter, _ = _otlp_exporters()
         processors.append(BatchSpanProcessor(OTLPSpanExporter()))
         telemetry.exporters.append(f"otlp:{endpoint}")
     if env.get("OTEL_TRACES_EXPORTER", "") == "console":
@@ -156,8 +176,7 @@ def setup_telemetry(
 
     readers: list[MetricReader] = []
     if endpoint or env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-
+        _, OTLPMetricExporter = _otlp_exporters()
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
     if prometheus_port:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader

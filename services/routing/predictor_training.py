@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.sparse import csr_matrix
 
+from services.common.extras import require_extra
 from services.router.complexity_model import CLASSES, DIMENSIONS, ComplexityModel, features
 from services.routing.outcomes import Outcome
 from services.routing.simulation import evaluate_choices
@@ -36,6 +37,7 @@ def target(outcome: Outcome) -> int:
 
 
 def train_model(train: Sequence[Outcome], regularisation: float = 4.0) -> ComplexityModel:
+    require_extra("sklearn", "training the complexity predictor")
     from sklearn.linear_model import LogisticRegression
 
     x = design_matrix([o.prompt for o in train])

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from services.common.extras import require_extra
 from services.common.tiers import TIER_NAMES
 from services.router.adaptive_policy import AdaptivePolicy
 from services.router.complexity_model import ComplexityModel
@@ -186,6 +187,7 @@ def _row(
 def plot(report: dict[str, Any], path: Path) -> None:
     """Cost vs quality (policies as points, the threshold sweep as a curve) and the adaptive
     learning curve, in one PNG."""
+    require_extra("matplotlib", "route-eval's plot")
     import matplotlib
 
     matplotlib.use("Agg")
