@@ -35,12 +35,19 @@ fi
 head=$(git rev-parse HEAD)
 if [[ $head == "$main" ]]; then
 	if ! base=$(git rev-parse --verify --quiet 'HEAD~1^{commit}'); then
+		if [[ $(git rev-parse --is-shallow-repository) == true ]]; then
+			echo "proto_breaking.sh: shallow clone without HEAD~1; fetch more history (git fetch --deepen=1)" >&2
+			exit 2
+		fi
 		echo "buf breaking: skipped, HEAD ($head) is the repository's only commit; nothing to compare against"
 		exit 0
 	fi
 	why="HEAD~1, HEAD is $main_name"
 else
-	base=$(git merge-base HEAD "$main")
+	if ! base=$(git merge-base HEAD "$main"); then
+		echo "proto_breaking.sh: HEAD and $main_name have no common commit here (a shallow clone? fetch more history)" >&2
+		exit 2
+	fi
 	why="merge-base of HEAD and $main_name"
 fi
 
