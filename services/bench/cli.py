@@ -15,21 +15,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from services.bench.options import concurrency_levels
 from services.common.config import TierConfig, load_config
 
 SERVICES = Path(__file__).resolve().parent.parent
-
-
-def _levels(value: str) -> list[int]:
-    try:
-        levels = [int(v) for v in value.split(",") if v]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected numbers like 1,4,16,64, got {value!r}"
-        ) from None
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError("concurrency levels must be >= 1")
-    return levels
 
 
 def register(commands: Any) -> None:
@@ -48,7 +37,10 @@ def register(commands: Any) -> None:
     )
     engine.add_argument("--model", type=Path, help="model folder (default: the large tier's)")
     engine.add_argument(
-        "--concurrency", type=_levels, default=[1, 4, 16, 64], help="levels, e.g. 1,4,16,64"
+        "--concurrency",
+        type=concurrency_levels,
+        default=[1, 4, 16, 64],
+        help="levels, e.g. 1,4,16,64",
     )
     engine.add_argument("--max-tokens", type=int, default=32, help="tokens per stream")
     engine.add_argument(

@@ -17,7 +17,6 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
-from services.bench.cli import _levels
 from services.bench.costs import DEFAULT_PRICES, load_prices
 from services.bench.hybrid_bench import (
     BenchError,
@@ -28,6 +27,7 @@ from services.bench.hybrid_bench import (
     run_sweep,
 )
 from services.bench.loadgen import CONFIGURATIONS, LoadCounters, RequestRecord
+from services.bench.options import concurrency_levels
 from services.bench.report import (
     context_lines,
     markdown_report,
@@ -107,13 +107,15 @@ def register_hybrid(bench: argparse.ArgumentParser, kinds: Any) -> None:
     )
     bench.add_argument("--max-in-flight", type=int, default=LoadOptions.max_in_flight)
     bench.add_argument("--prices", type=Path, default=DEFAULT_PRICES, help="price file (TOML)")
-    bench.add_argument("--sweep", type=_levels, help="also a closed-loop sweep at these clients")
+    bench.add_argument(
+        "--sweep", type=concurrency_levels, help="also a closed-loop sweep at these clients"
+    )
     bench.set_defaults(func=cmd_bench)
     sweep = kinds.add_parser(
         "sweep", help="closed loop at 1..64 clients, single vs hybrid: throughput by concurrency"
     )
     add_common_options(sweep, sweep=True)
-    sweep.add_argument("--clients", type=_levels, default=[1, 2, 4, 8, 16, 32, 64])
+    sweep.add_argument("--clients", type=concurrency_levels, default=[1, 2, 4, 8, 16, 32, 64])
     sweep.add_argument(
         "--configs", type=configuration_names, default=["single", "hybrid"], help="compared"
     )
