@@ -1,26 +1,39 @@
 """The mesh admin service (tiermesh.v1.MeshAdminService): the control plane's status as one
 message, the client that fetches it, and its rendering as text or JSON for `tiermesh mesh status`.
 
-Knows the control plane's records and the admin proto; knows nothing of ADS streams.
+Knows the control plane's records (through `PlaneState`, which `mesh.control_plane.ControlPlane`
+satisfies) and the admin proto; knows nothing of ADS streams and never imports the control plane.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf import json_format
 from tiermesh.v1 import mesh_pb2, mesh_pb2_grpc
 
+from mesh.node_status import NodeStatusBook
 from mesh.resources import SHORT_NAMES, TYPE_URLS
-
-if TYPE_CHECKING:
-    from mesh.control_plane import ControlPlane
+from mesh.topology import Topology
 
 
-def status_message(plane: ControlPlane) -> mesh_pb2.MeshStatus:
+class PlaneState(Protocol):
+    """What the admin service reads of the control plane: the topology served, when and from
+    where it was published, the last refused reload, and what each node was sent."""
+
+    topology_path: str
+    version: int
+    published_at: float
+    last_error: str
+    last_error_at: float
+    topology: Topology | None
+    book: NodeStatusBook
+
+
+def status_message(plane: PlaneState) -> mesh_pb2.MeshStatus:
     status = mesh_pb2.MeshStatus(
         topology_path=plane.topology_path,
         topology_version=str(plane.version) if plane.version else "",
@@ -87,7 +100,7 @@ def status_message(plane: ControlPlane) -> mesh_pb2.MeshStatus:
 
 
 class MeshAdminServicer(mesh_pb2_grpc.MeshAdminServiceServicer):
-    def __init__(self, plane: ControlPlane) -> None:
+    def __init__(self, plane: PlaneState) -> None:
         self.plane = plane
 
     async def GetMeshStatus(
