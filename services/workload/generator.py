@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from services.common.answers import ANSWER_PREFIX
 from services.workload.store import (
     COUPONS,
     FREE_SHIPPING_FROM,
@@ -29,7 +30,6 @@ from services.workload.store import (
 
 RequestClass = Literal["simple", "medium", "complex"]
 CLASSES: tuple[RequestClass, ...] = ("simple", "medium", "complex")
-ANSWER_PREFIX = "Answer: "
 
 STORE_SEED = 20240611  # the shop is fixed: every split and every model shares it
 CATALOGUE_SIZE = 120  # products medium and complex requests draw from

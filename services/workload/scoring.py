@@ -6,16 +6,8 @@ how the output was produced.
 
 from __future__ import annotations
 
-from services.workload.generator import ANSWER_PREFIX, WorkloadItem
-
-
-def final_answer(text: str) -> str:
-    """The final answer in a text: its last non-empty line, without an "Answer: " prefix."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    if not lines:
-        return ""
-    last = lines[-1]
-    return last[len(ANSWER_PREFIX) :].strip() if last.startswith(ANSWER_PREFIX) else last
+from services.common.answers import final_answer as final_answer
+from services.workload.generator import WorkloadItem
 
 
 def score(item: WorkloadItem, output_text: str) -> bool:
