@@ -33,6 +33,7 @@ from tiermesh.v1 import router_pb2, router_pb2_grpc, tier_pb2, tier_pb2_grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from services.common.percentiles import percentile  # noqa: E402
 from services.launcher.local_mesh import is_serving  # noqa: E402
 
 PROMPT = "What is your return policy?"
@@ -42,11 +43,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def start_services(
@@ -157,7 +153,7 @@ def report(results: dict[str, list[float]], console: Console, as_json: bool) -> 
         table.add_column(column)
     summary = {}
     for name, values in results.items():
-        p50, p99 = statistics.median(values), percentile(values, 0.99)
+        p50, p99 = statistics.median(values), percentile(values, 0.99) or 0.0
         summary[name] = {"n": len(values), "p50_ms": round(p50, 3), "p99_ms": round(p99, 3)}
         table.add_row(name, str(len(values)), f"{p50:.2f}", f"{p99:.2f}")
     console.print(table)

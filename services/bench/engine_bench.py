@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import torch
 
 from services.common.config import TierConfig
+from services.common.percentiles import percentile
 from services.tier.engine import GenerationRequest
 from services.tier.model_loading import LoadedModel, encode_prompt, load_causal_lm, render_prompt
 from services.tier.torch_engine import TorchEngine
@@ -49,11 +50,6 @@ class LevelResult:
     outputs: list[list[int]] | None = None  # generated ids per stream, sorted (not reported)
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
-
-
 def _level(
     engine: str,
     concurrency: int,
@@ -69,7 +65,7 @@ def _level(
         seconds=round(seconds, 4),
         tokens_per_s=round(tokens / seconds, 2),
         ttft_ms_p50=round(statistics.median(firsts), 3),
-        ttft_ms_p99=round(_percentile(firsts, 0.99), 3),
+        ttft_ms_p99=round(percentile(firsts, 0.99) or 0.0, 3),
         tpot_ms=round(statistics.fmean(tpots), 3) if tpots else 0.0,
     )
 

@@ -8,22 +8,13 @@ the measured window. Knows records and the scorer; nothing of gRPC, processes or
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from services.bench.loadgen import SHED, RequestRecord
+from services.common.percentiles import percentile as percentile  # re-exported for the bench
 from services.workload import CLASSES, WorkloadItem, score
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The nearest-rank q-quantile (q in [0, 1]) of values; None when there are none."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q * len(ordered)))
-    return ordered[rank - 1]
 
 
 def _ms(values: Iterable[float | None]) -> dict[str, float | None]:
