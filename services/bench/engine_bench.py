@@ -22,7 +22,8 @@ import torch
 from services.common.config import TierConfig
 from services.common.percentiles import percentile
 from services.tier.engine import GenerationRequest
-from services.tier.model_loading import LoadedModel, encode_prompt, load_causal_lm, render_prompt
+from services.tier.model_loading import LoadedModel, load_causal_lm
+from services.tier.tokenizer_loading import encode_prompt, render_prompt
 from services.tier.torch_engine import TorchEngine
 
 T = TypeVar("T")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from services.tier.model_loading import IncrementalDetokenizer
+from services.tier.tokenizer_loading import IncrementalDetokenizer
 
 END = object()  # sentinel emitted after a request's last chunk (or when it was stopped)
 

@@ -1,6 +1,8 @@
-"""Loads a causal LM and its tokenizer from a local Hugging Face folder, and renders prompts.
+"""Loads a causal LM from a local Hugging Face folder onto a torch device, with its tokenizer.
 
-Never touches a model hub: every load passes local_files_only. Knows nothing of gRPC.
+The torch half of loading: the tokenizer, prompt rendering and detokenizing are in
+tokenizer_loading.py, which imports no torch. Never touches a model hub: every load passes
+local_files_only. Knows nothing of gRPC.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from services.tier.tokenizer_loading import eos_token_ids, load_tokenizer
 
 REQUIRED_FILES = ("config.json", "tokenizer.json")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -47,7 +51,7 @@ def check_model_folder(path: Path) -> None:
 
 def load_causal_lm(path: Path, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
     """Loads the model and tokenizer in `path` onto `device` with weights in `dtype`."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     # a per-tensor progress bar for a load of well under a second is noise in service logs and in
@@ -58,15 +62,13 @@ def load_causal_lm(path: Path, device: str = "cpu", dtype: str = "float32") -> L
         raise ModelFolderError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelFolderError(f"device {device!r} requested but CUDA is not available")
-    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    tokenizer = load_tokenizer(path)
     model: Any = AutoModelForCausalLM.from_pretrained(
         str(path), local_files_only=True, dtype=DTYPES[dtype]
     )
     model.to(device)
     model.eval()
     config = json.loads((path / "config.json").read_text())
-    eos = config.get("eos_token_id", tokenizer.eos_token_id)
-    eos_ids = frozenset(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
     context = int(config.get("n_positions") or config.get("max_position_embeddings") or 1024)
     params = sum(p.numel() for p in model.parameters())
     weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -75,64 +77,8 @@ def load_causal_lm(path: Path, device: str = "cpu", dtype: str = "float32") -> L
         tokenizer=tokenizer,
         name=path.resolve().name if path.name != "model" else path.resolve().parent.name,
         device=torch.device(device),
-        eos_token_ids=eos_ids,
+        eos_token_ids=eos_token_ids(path, tokenizer),
         context_length=context,
         params=params,
         weights_bytes=weights_bytes,
     )
-
-
-def render_prompt(tokenizer: Any, messages: list[tuple[str, str]]) -> str:
-    """Renders (role, content) turns into the prompt string the model was trained on.
-
-    Uses the tokenizer's chat template when it has one; otherwise one "role: content" line per
-    turn followed by "assistant:".
-    """
-    if getattr(tokenizer, "chat_template", None):
-        turns = [{"role": role, "content": content} for role, content in messages]
-        rendered = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
-        return str(rendered)
-    lines = [f"{role}: {content}\n" for role, content in messages]
-    return "".join(lines) + "assistant:"
-
-
-def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
-    """Token ids of a rendered prompt, exactly as serving feeds them to the model.
-
-    No special tokens are added: the chat template (or the raw prompt) carries any it wants.
-    """
-    return list(tokenizer.encode(prompt, add_special_tokens=False))
-
-
-class IncrementalDetokenizer:
-    """Turns a growing list of token ids into text deltas, holding back partial characters.
-
-    Each call decodes only the ids since the last emitted text (plus the previous window, so a
-    token that depends on its neighbour decodes right), never the whole sequence again.
-    """
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
-        self._ids: list[int] = []
-        self._prefix = 0  # start of the previous window: decoded again for context only
-        self._read = 0  # ids before this index are already text
-        self.text = ""
-
-    def _decode(self, ids: list[int]) -> str:
-        return str(
-            self._tokenizer.decode(
-                ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
-            )
-        )
-
-    def add(self, token_ids: list[int], final: bool = False) -> str:
-        """Appends token ids and returns the text they add (empty while a character is split)."""
-        self._ids.extend(token_ids)
-        before = self._decode(self._ids[self._prefix : self._read])
-        after = self._decode(self._ids[self._prefix :])
-        if after.endswith("\ufffd") and not final:
-            return ""
-        delta = after[len(before) :]
-        self._prefix, self._read = self._read, len(self._ids)
-        self.text += delta
-        return delta

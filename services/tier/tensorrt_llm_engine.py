@@ -20,6 +20,7 @@ from services.common.config import TierConfig
 from services.common.errors import ConfigError, InvalidArgument, Unavailable
 from services.tier.admission import Admission
 from services.tier.engine import EngineLoad, GenerationChunk, GenerationRequest, GenerationUsage
+from services.tier.tokenizer_loading import encode_prompt, load_tokenizer, render_prompt
 
 
 @dataclass(frozen=True)
@@ -81,12 +82,9 @@ class TensorRtLlmEngine:
         return arguments
 
     async def start(self) -> None:
-        from transformers import AutoTokenizer
-
         api = self._api or import_tensorrt_llm()
         self._api = api
-        path = str(self._config.model_path)
-        self._tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self._tokenizer = load_tokenizer(self._config.model_path)
         self._llm = await asyncio.to_thread(api.LLM, **self.llm_arguments(api))
 
     def check_health(self) -> None:
@@ -96,8 +94,6 @@ class TensorRtLlmEngine:
             raise Unavailable(f"tier {self._config.name}: shutting down")
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
-        from services.tier.model_loading import encode_prompt, render_prompt
-
         text = (
             render_prompt(self._tokenizer, list(request.messages))
             if request.messages

@@ -29,7 +29,8 @@ from services.tier.chunking import END, ChunkAssembler, Emit
 from services.tier.decode import decode_tokens
 from services.tier.engine import EngineLoad, GenerationChunk, GenerationRequest, GenerationUsage
 from services.tier.kv_pool import KvCachePool
-from services.tier.model_loading import LoadedModel, encode_prompt, load_causal_lm, render_prompt
+from services.tier.model_loading import LoadedModel, load_causal_lm
+from services.tier.tokenizer_loading import encode_prompt, render_prompt
 
 
 class TorchEngine:

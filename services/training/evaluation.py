@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.tier.decode import Sampling, decode_tokens
-from services.tier.model_loading import LoadedModel, load_causal_lm, render_prompt
+from services.tier.model_loading import LoadedModel, load_causal_lm
+from services.tier.tokenizer_loading import render_prompt
 from services.workload import CLASSES, WorkloadItem, score
 
 MAX_NEW_TOKENS = 200  # longer than any reference answer

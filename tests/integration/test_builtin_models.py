@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from services.tier.model_loading import load_causal_lm, render_prompt
+from services.tier.model_loading import load_causal_lm
+from services.tier.tokenizer_loading import render_prompt
 from services.training.evaluation import complete
 from services.workload import load_split, score
 

@@ -13,7 +13,8 @@ from services.common.config import TierConfig
 from services.common.errors import Overloaded
 from services.tier.decode import decode_tokens
 from services.tier.engine import GenerationRequest, Sampling
-from services.tier.model_loading import encode_prompt, load_causal_lm
+from services.tier.model_loading import load_causal_lm
+from services.tier.tokenizer_loading import encode_prompt
 from services.tier.torch_engine import TorchEngine
 
 PROMPTS = [

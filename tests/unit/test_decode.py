@@ -8,7 +8,8 @@ import torch
 
 from services.tier.decode import decode_tokens
 from services.tier.engine import Sampling
-from services.tier.model_loading import IncrementalDetokenizer, encode_prompt, load_causal_lm
+from services.tier.model_loading import load_causal_lm
+from services.tier.tokenizer_loading import IncrementalDetokenizer, encode_prompt
 
 
 def test_greedy_decode_matches_generate(tiny_model_dir: Path) -> None:

@@ -14,8 +14,8 @@ from services.common.config import TierConfig
 from services.common.errors import ConfigError
 from services.tier.engine import GenerationRequest
 from services.tier.factory import create_engine
-from services.tier.model_loading import encode_prompt
 from services.tier.tensorrt_llm_engine import TensorRtLlmApi, TensorRtLlmEngine
+from services.tier.tokenizer_loading import encode_prompt
 from tests.fakes.fake_tensorrt_llm import FakeKvCacheConfig, FakeLLM, FakeSamplingParams
 
 FAKE_API = TensorRtLlmApi(FakeLLM, FakeSamplingParams, FakeKvCacheConfig)
