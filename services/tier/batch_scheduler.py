@@ -3,7 +3,7 @@ request together, one token per request per step, over a KV-cache pool allocated
 
 A new request joins between steps (its prompt prefilled alone into a free slot); a finished or
 stopped one leaves at once and frees its slot. Knows torch and the pooled GPT-2 passes; nothing
-of asyncio or gRPC: results leave through each request's `emit` callback.
+of asyncio or gRPC: results leave through each request's ChunkSink.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 import torch
 
 from services.tier import gpt2_pooled
-from services.tier.chunking import END, ChunkAssembler, Emit
+from services.tier.chunking import ChunkAssembler, ChunkSink
 from services.tier.decode import choose_token
-from services.tier.engine import GenerationRequest
 from services.tier.kv_pool import KvCachePool
 from services.tier.model_loading import LoadedModel
+from services.tier.prepared_request import PreparedRequest
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +30,9 @@ log = logging.getLogger(__name__)
 class Sequence:
     """One request inside the scheduler."""
 
-    request: GenerationRequest
-    prompt_ids: list[int]
+    prepared: PreparedRequest
     stop: threading.Event
-    emit: Emit
+    sink: ChunkSink  # its chunks, then close() or fail()
     chunks: ChunkAssembler
     slot: int = -1
     next_token: int = -1
@@ -92,23 +91,23 @@ class BatchScheduler:
                         sequence = self._inbox.get_nowait()
                     except queue.Empty:
                         break
-                    budget -= len(sequence.prompt_ids)
+                    budget -= len(sequence.prepared.prompt_ids)
                     self._admit(sequence)
                 if self._active:
                     self._step()
             except Exception as e:  # a failed forward fails the running requests, not the tier
                 log.exception("batch step failed")
                 for slot, sequence in list(self._active.items()):
-                    sequence.emit(e)
+                    sequence.sink.fail(e)
                     self._finish(slot)
         for slot, sequence in list(self._active.items()):
-            sequence.emit(END)
+            sequence.sink.close()
             self._finish(slot)
 
     def _drop_stopped(self) -> None:
         for slot, sequence in list(self._active.items()):
             if sequence.stop.is_set():
-                sequence.emit(END)
+                sequence.sink.close()
                 self._finish(slot)
 
     def _finish(self, slot: int) -> None:
@@ -117,9 +116,9 @@ class BatchScheduler:
 
     def _admit(self, sequence: Sequence) -> None:
         if sequence.stop.is_set():
-            sequence.emit(END)
+            sequence.sink.close()
             return
-        sampling = sequence.request.sampling
+        sampling = sequence.prepared.sampling
         if not sampling.greedy and sampling.seed is not None:
             device = self._loaded.device
             sequence.generator = torch.Generator(device=device).manual_seed(sampling.seed)
@@ -127,10 +126,10 @@ class BatchScheduler:
         self._active[sequence.slot] = sequence
         try:
             logits = gpt2_pooled.prefill(
-                self._loaded.model, self._pool, sequence.slot, sequence.prompt_ids
+                self._loaded.model, self._pool, sequence.slot, list(sequence.prepared.prompt_ids)
             )
         except Exception as e:
-            sequence.emit(e)
+            sequence.sink.fail(e)
             self._finish(sequence.slot)
             return
         self._pool.note_use()
@@ -144,7 +143,7 @@ class BatchScheduler:
         self.steps += 1
         self.batched_tokens += len(slots)
         sequences = [self._active[s] for s in slots]
-        if all(s.request.sampling.greedy for s in sequences):  # one pass for the whole batch
+        if all(s.prepared.sampling.greedy for s in sequences):  # one pass for the whole batch
             logprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, V)
             best = logprobs.argmax(dim=-1)  # (B,)
             chosen = logprobs.gather(1, best[:, None])[:, 0]  # (B,)
@@ -157,21 +156,17 @@ class BatchScheduler:
             self._accept(sequence, logits[row])
 
     def _accept(self, sequence: Sequence, logits: torch.Tensor) -> None:
-        token, logprob = choose_token(logits, sequence.request.sampling, sequence.generator)
+        token, logprob = choose_token(logits, sequence.prepared.sampling, sequence.generator)
         self._record(sequence, token, logprob)
 
     def _record(self, sequence: Sequence, token: int, logprob: float) -> None:
         sequence.generated += 1
-        finish = None
-        if token in self._loaded.eos_token_ids:
-            finish = "stop"
-        elif sequence.generated >= sequence.request.max_tokens:
-            finish = "length"
+        finish = sequence.prepared.finish_after(token, sequence.generated)
         chunk = sequence.chunks.add(token, logprob, finish)
         if chunk is not None:
-            sequence.emit(chunk)
+            sequence.sink.put(chunk)
         if finish is not None:
-            sequence.emit(END)
+            sequence.sink.close()
             self._finish(sequence.slot)
         else:
             sequence.next_token = token

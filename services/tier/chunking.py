@@ -1,20 +1,30 @@
 """Groups a request's generated tokens into streamed chunks: the first token alone (for a fast
-first token), then `per_chunk` tokens at a time, and whatever is left on the last token.
+first token), then `per_chunk` tokens at a time, and whatever is left on the last token; and the
+sink a decode thread sends those chunks into.
 
-Runs on decode threads; knows the detokenizer, nothing of models or gRPC.
+Runs on decode threads; knows the detokenizer, nothing of models, torch, asyncio or gRPC.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
+from services.tier.engine import GenerationChunk
 from services.tier.tokenizer_loading import IncrementalDetokenizer
 
-END = object()  # sentinel emitted after a request's last chunk (or when it was stopped)
 
-Emit = Callable[[Any], None]  # receives chunk tuples, then END, or an exception
-Chunk = tuple[list[int], str, list[float], str | None]  # (token ids, text, log-probs, finish)
+class ChunkSink(Protocol):
+    """Where a decode thread sends one request's chunks (chunk_channel.ChunkChannel).
+
+    put() for each chunk, then exactly one of close() (the stream ended or was stopped) or
+    fail(error) (decoding failed; the consumer raises the error). Called from one thread.
+    """
+
+    def put(self, item: GenerationChunk) -> None: ...
+
+    def close(self) -> None: ...
+
+    def fail(self, error: BaseException) -> None: ...
 
 
 class ChunkAssembler:
@@ -25,12 +35,16 @@ class ChunkAssembler:
         self._logprobs: list[float] = []
         self._sent_first = False
 
-    def add(self, token: int, logprob: float, finish: str | None) -> Chunk | None:
-        """Adds one token; returns a chunk when one is due. `finish` marks the last token."""
+    def add(self, token: int, logprob: float, finish: str | None) -> GenerationChunk | None:
+        """Adds one token; returns a chunk when one is due. `finish` marks the last token.
+
+        The chunk carries no usage: the engine lifecycle adds it on the last chunk.
+        """
         self._ids.append(token)
         self._logprobs.append(logprob)
         if finish is None and self._sent_first and len(self._ids) < self._per_chunk:
             return None
-        chunk = (self._ids, self._detok.add(self._ids, final=finish is not None), self._logprobs)
+        text = self._detok.add(self._ids, final=finish is not None)
+        chunk = GenerationChunk(tuple(self._ids), text, tuple(self._logprobs), finish)
         self._ids, self._logprobs, self._sent_first = [], [], True
-        return (*chunk, finish)
+        return chunk

@@ -2,7 +2,8 @@
 
 An engine turns a prompt into a stream of token chunks. It knows nothing of gRPC: the tier
 servicer translates. Implementations: `torch_engine.TorchEngine` (CPU or CUDA) and
-`tensorrt_llm_engine.TensorRtLlmEngine` (NVIDIA GPUs), chosen by `factory.create_engine`.
+`tensorrt_llm_engine.TensorRtLlmEngine` (NVIDIA GPUs), chosen by `factory.create_engine`; both
+build on `engine_lifecycle.EngineLifecycle`, which owns what they share around decoding.
 """
 
 from __future__ import annotations

@@ -2,44 +2,40 @@
 
 GPT-2 models run with continuous batching over a KV-cache pool allocated at start
 (batch_scheduler.py); other architectures, or `batching = false`, decode each request on its
-own worker thread with its own cache (decode.py). Admission bounds how many run (= pool slots)
-and how many wait. Knows nothing of gRPC.
+own worker thread with its own cache (decode.py). Chunks cross from those threads to the event
+loop through a typed ChunkChannel. Prompt limits, admission, usage and health are the shared
+engine lifecycle's (engine_lifecycle.py). Knows nothing of gRPC.
 """
 
 from __future__ import annotations
 
 import asyncio
-import statistics
 import threading
-import time
-from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
 
 import torch
 
 from services.common.config import TierConfig
-from services.common.errors import InvalidArgument, Unavailable
 from services.tier import gpt2_pooled
-from services.tier.admission import Admission
 from services.tier.batch_scheduler import BatchScheduler, Sequence
-from services.tier.chunking import END, ChunkAssembler, Emit
+from services.tier.chunk_channel import ChunkChannel
+from services.tier.chunking import ChunkAssembler, ChunkSink
 from services.tier.decode import decode_tokens
-from services.tier.engine import EngineLoad, GenerationChunk, GenerationRequest, GenerationUsage
+from services.tier.engine import GenerationChunk
+from services.tier.engine_lifecycle import EngineLifecycle, ModelFootprint
 from services.tier.kv_pool import KvCachePool
 from services.tier.model_loading import LoadedModel, load_causal_lm
-from services.tier.tokenizer_loading import encode_prompt, render_prompt
+from services.tier.prepared_request import PreparedRequest, PromptFormat
 
 
-class TorchEngine:
+class TorchEngine(EngineLifecycle):
     name = "torch"
 
     def __init__(self, config: TierConfig) -> None:
-        self._config = config
+        super().__init__(config)
         self._loaded: LoadedModel | None = None
-        self._admission = Admission(config.max_running, config.max_queued)
         self._pool: KvCachePool | None = None
         self._scheduler: BatchScheduler | None = None
         self._torch_thread: ThreadPoolExecutor | None = None  # loads the model, runs the batch
@@ -47,27 +43,25 @@ class TorchEngine:
         self._stops: dict[str, threading.Event] = {}
         self._kv_used: dict[str, int] = {}  # sequential path: positions per request
         self._kv_peak = 0
-        self._ttfts: deque[float] = deque(maxlen=256)
-        self._completed = 0
-        self._closing = False
 
     @property
     def batching(self) -> bool:
         return self._scheduler is not None
 
-    async def start(self) -> None:
+    async def _start_model(self) -> PromptFormat:
         torch.set_num_threads(self._config.torch_threads)
         cfg = self._config
+        loop = asyncio.get_running_loop()
         self._torch_thread = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"torch-{cfg.name}"
         )
-        loaded = await asyncio.get_running_loop().run_in_executor(
+        loaded = await loop.run_in_executor(
             self._torch_thread, load_causal_lm, cfg.model_path, cfg.device, cfg.dtype
         )
         if cfg.batching and gpt2_pooled.supports(loaded.model):
             max_len = min(cfg.kv_max_len or loaded.context_length, loaded.context_length)
             loaded = replace(loaded, context_length=max_len)
-            self._pool = await asyncio.get_running_loop().run_in_executor(
+            self._pool = await loop.run_in_executor(
                 self._torch_thread, gpt2_pooled.create_pool, loaded.model, cfg.max_running, max_len
             )
             self._scheduler = BatchScheduler(loaded, self._pool, cfg.prefill_tokens_per_step)
@@ -77,123 +71,61 @@ class TorchEngine:
                 max_workers=cfg.max_running, thread_name_prefix=f"decode-{cfg.name}"
             )
         self._loaded = loaded
+        return PromptFormat(loaded.tokenizer, loaded.eos_token_ids, loaded.context_length)
 
-    def check_health(self) -> None:
-        if self._loaded is None:
-            raise Unavailable(f"tier {self._config.name}: model not loaded")
-        if self._closing:
-            raise Unavailable(f"tier {self._config.name}: shutting down")
-
-    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+    async def _decode(self, prepared: PreparedRequest) -> AsyncGenerator[GenerationChunk, None]:
+        """Hands the request to the batch scheduler (or a worker thread) and relays its chunks;
+        on early close, stops its decoding within one step, which frees its slot."""
         assert self._loaded is not None
-        tokenizer = self._loaded.tokenizer
-        text = (
-            render_prompt(tokenizer, list(request.messages)) if request.messages else request.prompt
-        )
-        ids = encode_prompt(tokenizer, text)
-        limit = min(self._config.max_prompt_tokens, self._loaded.context_length - 1)
-        if not ids:
-            raise InvalidArgument("prompt: renders to zero tokens")
-        if len(ids) > limit:
-            raise InvalidArgument(
-                f"prompt: {len(ids)} tokens exceeds this tier's limit of {limit} tokens"
+        loop = asyncio.get_running_loop()
+        # at most one chunk per generated token, then the end
+        channel: ChunkChannel[GenerationChunk] = ChunkChannel(loop, prepared.max_tokens)
+        stop = threading.Event()
+        self._stops[prepared.request_id] = stop
+        assembler = ChunkAssembler(self._loaded.tokenizer, prepared.tokens_per_chunk)
+        if self._scheduler is not None:
+            self._scheduler.submit(Sequence(prepared, stop, channel, assembler))
+        else:
+            assert self._executor is not None
+            loop.run_in_executor(
+                self._executor, self._decode_alone, prepared, stop, channel, assembler
             )
-        if len(ids) + request.max_tokens > self._loaded.context_length:
-            raise InvalidArgument(
-                f"max_tokens: prompt of {len(ids)} tokens + max_tokens {request.max_tokens} "
-                f"exceeds the model's context of {self._loaded.context_length} tokens"
-            )
-        return ids
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        """Steps: validate the prompt length, wait for a running slot (bounded queue), hand the
-        request to the batch scheduler (or a worker thread), relay its chunks; on early close,
-        stop its decoding within one step and free its slot."""
-        received = time.perf_counter()
-        self.check_health()
-        assert self._loaded is not None
-        prompt_ids = self._prompt_ids(request)
-        async with self._admission.slot():
-            self.check_health()
-            queue_ms = (time.perf_counter() - received) * 1000
-            loop = asyncio.get_running_loop()
-            chunks: asyncio.Queue[Any] = asyncio.Queue()  # at most max_tokens + 2 items
-            stop = threading.Event()
-            self._stops[request.request_id] = stop
-
-            def emit(item: Any) -> None:
-                loop.call_soon_threadsafe(chunks.put_nowait, item)
-
-            per_chunk = request.tokens_per_chunk or self._config.tokens_per_chunk
-            assembler = ChunkAssembler(self._loaded.tokenizer, per_chunk)
-            if self._scheduler is not None:
-                self._scheduler.submit(Sequence(request, prompt_ids, stop, emit, assembler))
-            else:
-                assert self._executor is not None
-                loop.run_in_executor(
-                    self._executor, self._decode_alone, request, prompt_ids, stop, emit, assembler
-                )
-            first_token_ms: float | None = None
-            completion_tokens = 0
-            try:
-                while True:
-                    item = await chunks.get()
-                    if item is END:
-                        break
-                    if isinstance(item, BaseException):
-                        raise item
-                    token_ids, text, logprobs, finish = item
-                    completion_tokens += len(token_ids)
-                    self._kv_note(request.request_id, len(prompt_ids) + completion_tokens)
-                    if first_token_ms is None:
-                        first_token_ms = (time.perf_counter() - received) * 1000
-                        self._ttfts.append(first_token_ms)
-                    usage = None
-                    if finish is not None:
-                        self._completed += 1
-                        usage = GenerationUsage(
-                            prompt_tokens=len(prompt_ids),
-                            completion_tokens=completion_tokens,
-                            queue_ms=queue_ms,
-                            ttft_ms=first_token_ms,
-                            total_ms=(time.perf_counter() - received) * 1000,
-                        )
-                    yield GenerationChunk(tuple(token_ids), text, tuple(logprobs), finish, usage)
-            finally:
-                stop.set()
-                self._stops.pop(request.request_id, None)
-                self._kv_used.pop(request.request_id, None)
+        generated = 0
+        try:
+            async for chunk in channel:
+                generated += len(chunk.token_ids)
+                self._kv_note(prepared.request_id, len(prepared.prompt_ids) + generated)
+                yield chunk
+        finally:
+            stop.set()
+            self._stops.pop(prepared.request_id, None)
+            self._kv_used.pop(prepared.request_id, None)
 
     def _decode_alone(
         self,
-        request: GenerationRequest,
-        prompt_ids: list[int],
+        prepared: PreparedRequest,
         stop: threading.Event,
-        emit: Emit,
+        sink: ChunkSink,
         chunks: ChunkAssembler,
     ) -> None:
         """Runs on a worker thread: decodes one request with its own KV cache."""
         try:
             assert self._loaded is not None
-            eos = self._loaded.eos_token_ids
             steps = decode_tokens(
                 self._loaded.model,
-                prompt_ids,
-                max_new_tokens=request.max_tokens,
-                sampling=request.sampling,
-                eos_token_ids=eos,
+                list(prepared.prompt_ids),
+                max_new_tokens=prepared.max_tokens,
+                sampling=prepared.sampling,
+                eos_token_ids=prepared.eos_token_ids,
                 should_stop=stop.is_set,
             )
             for count, (token, logprob) in enumerate(steps, start=1):
-                finish = "stop" if token in eos else None
-                if finish is None and count >= request.max_tokens:
-                    finish = "length"
-                chunk = chunks.add(token, logprob, finish)
+                chunk = chunks.add(token, logprob, prepared.finish_after(token, count))
                 if chunk is not None:
-                    emit(chunk)
-            emit(END)
+                    sink.put(chunk)
+            sink.close()
         except BaseException as e:  # relayed to the consumer, which raises it
-            emit(e)
+            sink.fail(e)
 
     def _kv_note(self, request_id: str, positions: int) -> None:
         if self._pool is None:
@@ -205,45 +137,28 @@ class TorchEngine:
         if stop is not None:
             stop.set()
 
-    def load(self) -> EngineLoad:
+    def _footprint(self) -> ModelFootprint:
         loaded, pool = self._loaded, self._pool
-        ttfts = sorted(self._ttfts)
-        context = loaded.context_length if loaded else 0
+        if loaded is None:
+            return ModelFootprint(model=self._config.model_path.name)
         if pool is not None:
-            capacity, used, peak, pool_bytes = (
-                pool.capacity_tokens,
-                pool.used_tokens,
-                pool.peak_tokens,
-                pool.bytes,
-            )
+            capacity, used, peak = pool.capacity_tokens, pool.used_tokens, pool.peak_tokens
+            pool_bytes = pool.bytes
         else:  # no pool: report the bound the per-request caches can reach
-            capacity = self._config.max_running * context
+            capacity = self._config.max_running * loaded.context_length
             used, peak = sum(self._kv_used.values()), self._kv_peak
-            pool_bytes = capacity * _kv_bytes_per_token(loaded) if loaded else 0
-        return EngineLoad(
-            model=loaded.name if loaded else self._config.model_path.name,
-            device=self._config.device,
-            serving=loaded is not None and not self._closing,
-            running=self._admission.running,
-            max_running=self._config.max_running,
-            queued=self._admission.queued,
-            max_queued=self._config.max_queued,
-            ttft_ms_p50=statistics.median(ttfts) if ttfts else 0.0,
-            ttft_ms_p99=ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))] if ttfts else 0.0,
+            pool_bytes = capacity * _kv_bytes_per_token(loaded)
+        return ModelFootprint(
+            model=loaded.name,
+            params=loaded.params,
+            weights_bytes=loaded.weights_bytes,
             kv_pool_capacity_tokens=capacity,
             kv_pool_used_tokens=used,
             kv_pool_peak_tokens=peak,
-            weights_bytes=loaded.weights_bytes if loaded else 0,
             kv_pool_bytes=pool_bytes,
-            completed=self._completed,
-            rejected=self._admission.rejected,
-            params=loaded.params if loaded else 0,
-            max_prompt_tokens=self._config.max_prompt_tokens,
-            max_tokens=self._config.max_tokens,
         )
 
-    async def shutdown(self) -> None:
-        self._closing = True
+    async def _stop_model(self) -> None:
         for stop in self._stops.values():
             stop.set()
         if self._scheduler is not None:

@@ -1,0 +1,209 @@
+"""What every engine does around decoding, written once: start and health, preparing a request
+(prepared_request.py's rules), bounded admission, usage and time-to-first-token bookkeeping, the
+recent-TTFT window with its p50/p99, and the load snapshot the servicer reports.
+
+An engine subclasses EngineLifecycle and only loads its model, turns a PreparedRequest into
+GenerationChunks (usage left empty), aborts, reports its memory and stops. Knows nothing of
+torch, gRPC, protobuf or OpenTelemetry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, replace
+
+from services.common.config import TierConfig
+from services.common.errors import Unavailable
+from services.common.percentiles import percentile
+from services.tier.admission import Admission
+from services.tier.engine import EngineLoad, GenerationChunk, GenerationRequest, GenerationUsage
+from services.tier.prepared_request import PreparedRequest, PromptFormat, prepare_request
+
+Clock = Callable[[], float]  # seconds, monotonic (time.perf_counter)
+
+
+class UsageMeter:
+    """One request's usage, measured from when generate() was called (`received`).
+
+    Built when the request gets its running slot (the queue time ends there); observe() sees
+    every chunk in order and puts the usage on the last one.
+    """
+
+    def __init__(self, prompt_tokens: int, received: float, clock: Clock = time.perf_counter):
+        self._clock = clock
+        self._received = received
+        self.prompt_tokens = prompt_tokens
+        self.queue_ms = self._since_received()
+        self.ttft_ms: float | None = None  # set by the first chunk that carries a token
+        self.completion_tokens = 0
+
+    def _since_received(self) -> float:
+        return (self._clock() - self._received) * 1000
+
+    def observe(self, chunk: GenerationChunk) -> GenerationChunk:
+        """Counts the chunk's tokens; returns it, with usage when it is the last one."""
+        self.completion_tokens += len(chunk.token_ids)
+        if self.ttft_ms is None and chunk.token_ids:
+            self.ttft_ms = self._since_received()
+        if chunk.finish_reason is None:
+            return chunk
+        usage = GenerationUsage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            queue_ms=self.queue_ms,
+            ttft_ms=self.ttft_ms or 0.0,
+            total_ms=self._since_received(),
+        )
+        return replace(chunk, usage=usage)
+
+
+class TtftWindow:
+    """The most recent times to first token (ms): p50 is their median, p99 the nearest-rank
+    99th percentile (services.common.percentiles); both 0.0 while there are none."""
+
+    def __init__(self, size: int = 256) -> None:
+        self._values: deque[float] = deque(maxlen=size)
+
+    def add(self, ttft_ms: float) -> None:
+        self._values.append(ttft_ms)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self._values) if self._values else 0.0
+
+    @property
+    def p99(self) -> float:
+        value = percentile(self._values, 0.99)
+        return 0.0 if value is None else value
+
+
+@dataclass(frozen=True)
+class ModelFootprint:
+    """What an engine reports of its model and KV cache in the load snapshot."""
+
+    model: str  # the model's name
+    params: int = 0  # 0 = not known to this engine
+    weights_bytes: int = 0
+    kv_pool_capacity_tokens: int = 0
+    kv_pool_used_tokens: int = 0
+    kv_pool_peak_tokens: int = 0
+    kv_pool_bytes: int = 0
+
+
+class EngineLifecycle(ABC):
+    """The Engine protocol (engine.py) around a subclass's decoder.
+
+    Like the protocol, every method runs on the tier's event loop. Subclasses set `name` and
+    implement _start_model, _decode, abort, _footprint and _stop_model.
+    """
+
+    name: str
+
+    def __init__(self, config: TierConfig) -> None:
+        self._config = config
+        self._admission = Admission(config.max_running, config.max_queued)
+        self._prompt_format: PromptFormat | None = None  # set once the model is loaded
+        self._ttfts = TtftWindow()
+        self._completed = 0
+        self._closing = False
+
+    async def start(self) -> None:
+        """Loads the model. Raises on failure; the tier stays NOT_SERVING."""
+        self._prompt_format = await self._start_model()
+
+    def check_health(self) -> None:
+        if self._prompt_format is None:
+            raise Unavailable(f"tier {self._config.name}: model not loaded")
+        if self._closing:
+            raise Unavailable(f"tier {self._config.name}: shutting down")
+
+    def prepare(self, request: GenerationRequest) -> PreparedRequest:
+        """The request rendered, tokenised and checked against the tier's limits."""
+        self.check_health()
+        assert self._prompt_format is not None
+        return prepare_request(
+            request,
+            self._prompt_format,
+            max_prompt_tokens=self._config.max_prompt_tokens,
+            tokens_per_chunk=self._config.tokens_per_chunk,
+        )
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
+        """Steps: check health, prepare the request (raises InvalidArgument), wait for a running
+        slot in the bounded queue (raises Overloaded past it), check health again, then relay
+        the decoder's chunks, noting the first token's time and putting usage on the last
+        chunk. Closing the stream early closes the decoder's, which stops its work."""
+        received = time.perf_counter()
+        prepared = self.prepare(request)
+        async with self._admission.slot():
+            self.check_health()
+            meter = UsageMeter(len(prepared.prompt_ids), received)
+            stream = self._decode(prepared)
+            async with contextlib.aclosing(stream):
+                async for decoded in stream:
+                    first = meter.ttft_ms is None
+                    chunk = meter.observe(decoded)
+                    if first and meter.ttft_ms is not None:
+                        self._ttfts.add(meter.ttft_ms)
+                    if chunk.finish_reason is not None:
+                        self._completed += 1
+                    yield chunk
+
+    def load(self) -> EngineLoad:
+        """The current load snapshot. Cheap; safe to call often."""
+        cfg, footprint = self._config, self._footprint()
+        return EngineLoad(
+            model=footprint.model,
+            device=cfg.device,
+            serving=self._prompt_format is not None and not self._closing,
+            running=self._admission.running,
+            max_running=cfg.max_running,
+            queued=self._admission.queued,
+            max_queued=cfg.max_queued,
+            ttft_ms_p50=self._ttfts.p50,
+            ttft_ms_p99=self._ttfts.p99,
+            kv_pool_capacity_tokens=footprint.kv_pool_capacity_tokens,
+            kv_pool_used_tokens=footprint.kv_pool_used_tokens,
+            kv_pool_peak_tokens=footprint.kv_pool_peak_tokens,
+            weights_bytes=footprint.weights_bytes,
+            kv_pool_bytes=footprint.kv_pool_bytes,
+            completed=self._completed,
+            rejected=self._admission.rejected,
+            params=footprint.params,
+            max_prompt_tokens=cfg.max_prompt_tokens,
+            max_tokens=cfg.max_tokens,
+        )
+
+    async def shutdown(self) -> None:
+        """Refuses new requests, then aborts what is running and frees the model."""
+        self._closing = True
+        await self._stop_model()
+
+    @abstractmethod
+    async def _start_model(self) -> PromptFormat:
+        """Loads the model; returns what preparing requests needs to know about it."""
+
+    @abstractmethod
+    def _decode(self, prepared: PreparedRequest) -> AsyncGenerator[GenerationChunk, None]:
+        """Streams the request's tokens as chunks without usage; the last has finish_reason
+        (prepared.finish_after decides it). Closed early, it must stop the request's work."""
+
+    @abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Stops a request's generation; its stream ends. Unknown ids are ignored."""
+
+    @abstractmethod
+    def _footprint(self) -> ModelFootprint:
+        """The model and KV-cache numbers of the load snapshot (callable before start)."""
+
+    @abstractmethod
+    async def _stop_model(self) -> None:
+        """Aborts what is running and frees the model (new requests are already refused)."""

@@ -1,0 +1,103 @@
+"""A request made ready for decoding, and the rules every engine decodes it by: the prompt
+rendered (chat template or raw prompt) and tokenised within the tier's prompt and context
+limits, and the finish rule (an end-of-sequence token -> "stop", max_tokens -> "length").
+
+Plain data and pure functions: knows the tokenizer helpers, nothing of torch, asyncio or gRPC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from services.common.errors import InvalidArgument
+from services.tier.engine import GenerationRequest, Sampling
+from services.tier.tokenizer_loading import encode_prompt, render_prompt
+
+STOP = "stop"  # the model ended the text (an end-of-sequence token, or its decoder stopped)
+LENGTH = "length"  # max_tokens were generated
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """What preparing a request needs to know about the loaded model."""
+
+    tokenizer: Any  # a transformers tokenizer
+    eos_token_ids: frozenset[int]
+    context_length: int | None  # most positions (prompt + generated); None = not known here
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A request an engine can decode as it is: token ids, limits and sampling."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]  # never empty, within the prompt limit
+    max_tokens: int  # >= 1; prompt + max_tokens fit the model's context when it is known
+    sampling: Sampling
+    tokens_per_chunk: int  # >= 1: tokens per streamed chunk after the first
+    eos_token_ids: frozenset[int]
+
+    def finish_after(self, token: int | None, generated: int, *, ended: bool = False) -> str | None:
+        """The finish rule for this request; see finish_reason."""
+        return finish_reason(token, generated, self.max_tokens, self.eos_token_ids, ended=ended)
+
+
+def finish_reason(
+    token: int | None,
+    generated: int,
+    max_tokens: int,
+    eos_token_ids: frozenset[int],
+    *,
+    ended: bool = False,
+) -> str | None:
+    """Why a stream finishes after `token`, the `generated`-th new token; None if it goes on.
+
+    "stop" after an end-of-sequence token, else "length" once max_tokens tokens are generated.
+    `ended` says the decoder has stopped on its own (TensorRT-LLM may end at an end-of-sequence
+    token it does not return): then it is "stop" when neither rule holds.
+    """
+    if token is not None and token in eos_token_ids:
+        return STOP
+    if generated >= max_tokens:
+        return LENGTH
+    return STOP if ended else None
+
+
+def prepare_request(
+    request: GenerationRequest,
+    prompt_format: PromptFormat,
+    *,
+    max_prompt_tokens: int,
+    tokens_per_chunk: int,
+) -> PreparedRequest:
+    """Renders and tokenises the request's prompt and checks it against the limits.
+
+    Raises InvalidArgument when the prompt renders to no tokens, is longer than the tier's
+    limit (max_prompt_tokens, and one less than the model's context), or leaves no room in the
+    context for max_tokens. `tokens_per_chunk` is the tier's default chunk size.
+    """
+    tokenizer = prompt_format.tokenizer
+    text = render_prompt(tokenizer, list(request.messages)) if request.messages else request.prompt
+    ids = encode_prompt(tokenizer, text)
+    context = prompt_format.context_length
+    limit = max_prompt_tokens if context is None else min(max_prompt_tokens, context - 1)
+    if not ids:
+        raise InvalidArgument("prompt: renders to zero tokens")
+    if len(ids) > limit:
+        raise InvalidArgument(
+            f"prompt: {len(ids)} tokens exceeds this tier's limit of {limit} tokens"
+        )
+    if context is not None and len(ids) + request.max_tokens > context:
+        raise InvalidArgument(
+            f"max_tokens: prompt of {len(ids)} tokens + max_tokens {request.max_tokens} "
+            f"exceeds the model's context of {context} tokens"
+        )
+    return PreparedRequest(
+        request_id=request.request_id,
+        prompt_ids=tuple(ids),
+        max_tokens=request.max_tokens,
+        sampling=request.sampling,
+        tokens_per_chunk=request.tokens_per_chunk or tokens_per_chunk,
+        eos_token_ids=prompt_format.eos_token_ids,
+    )
