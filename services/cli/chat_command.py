@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tiermesh.client.requests import MODES
+
 from services.common import env
 from services.common.tiers import TIER_NAMES
 
@@ -39,7 +41,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     from tiermesh.client import RouterClient
 
-    from services.cli.chat_view import print_json_events, show_live
+    from services.terminal.chat_view import print_json_events, show_live
     from services.common.telemetry import setup_telemetry
 
     if args.mode == "pinned" and not args.tier:
@@ -88,7 +90,7 @@ def register_run(commands: Any) -> None:
 def register_chat(commands: Any) -> None:
     chat = commands.add_parser("chat", help="one chat through the router")
     chat.add_argument("prompt", help="the user's message")
-    chat.add_argument("--mode", choices=("routed", "progressive", "pinned"), default="routed")
+    chat.add_argument("--mode", choices=tuple(MODES), default="routed")
     chat.add_argument("--tier", choices=TIER_NAMES, help="the tier for --mode pinned")
     chat.add_argument("--json", action="store_true", help="one JSON object per event per line")
     chat.add_argument("--router", default=env.router_address(), help="router address")

@@ -302,7 +302,7 @@ def _print_addresses(children: list[Child], run_dir: Path, console: Console) -> 
 def _demo(router: str, prompt: str, console: Console) -> None:
     from tiermesh.client import RouterClient
 
-    from services.cli.chat_view import show_live
+    from services.terminal.chat_view import show_live
 
     console.print(f"[bold]demo:[/bold] progressive chat: {prompt!r}")
     with RouterClient(router) as client:
