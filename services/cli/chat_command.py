@@ -41,8 +41,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     from tiermesh.client import RouterClient
 
-    from services.terminal.chat_view import print_json_events, show_live
     from services.common.telemetry import setup_telemetry
+    from services.terminal.chat_view import print_json_events, show_live
 
     if args.mode == "pinned" and not args.tier:
         print("tiermesh chat: --mode pinned needs --tier small|medium|large", file=sys.stderr)
