@@ -1,8 +1,8 @@
 """Evaluates a tier's checkpoint on a workload split exactly as serving runs it.
 
-Loads with services.tier.model_loading, renders prompts with its render_prompt and decodes
-greedily with services.tier.decode.decode_tokens at batch 1; reports accuracy per class, decode
-speed, time to first token, parameters and checkpoint size. Knows nothing of training.
+Loads with services.tier.model_loading, renders prompts with tokenizer_loading.render_prompt and
+decodes greedily with services.tier.decode.decode_tokens at batch 1; reports accuracy per class,
+decode speed, time to first token, parameters and checkpoint size. Knows nothing of training.
 """
 
 from __future__ import annotations
