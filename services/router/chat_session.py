@@ -1,25 +1,37 @@
-"""One chat through the router: starts the tier calls of a plan and turns them into revisions.
+"""One chat through the router as a state machine: starts the tier calls of a plan and turns
+their chunks into revisions, yielding each event as it happens.
 
-ROUTED and PINNED stream one tier as revision 0. PROGRESSIVE starts the draft and refine tiers
-together, streams the draft as revision 0, then the refinement as revision 1 replacing it; if
-the refinement fails or runs over its budget, the draft is the answer. Every upstream call still
-running when the session ends (client gone, error, deadline) is cancelled.
+States: routed (RouteDecision sent) -> a revision streaming (RevisionStart, Delta..., RevisionEnd)
+-> maybe another revision -> final (exactly one Final), or failed (UpstreamFailed raised, no
+Final). ROUTED and PINNED stream one tier as revision 0. PROGRESSIVE starts the draft and refine
+tiers together, streams the draft as revision 0, then the refinement as revision 1 replacing it;
+if the refinement fails or runs over its budget, the draft is the answer. Every upstream call
+still running when the session ends (client gone, error, deadline) is cancelled.
+
+Knows the tier calls and the wire events; knows nothing of telemetry or learning, which watch the
+events it yields (chat_events.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from tiermesh.v1 import common_pb2, router_pb2, tier_pb2
 
-from services.router.chat_telemetry import ChatTelemetry
-from services.router.policy import RouteChoice
+from services.router.chat_events import (
+    RefinementSettled,
+    SessionEvent,
+    TierCallEnded,
+    TierCallOpening,
+)
+from services.router.chat_plan import ChatPlan, SessionClock
 from services.router.revisions import KeptPrefix, delta, revision_end, revision_start
-from services.router.tier_calls import TierCall, TierChannels
+from services.router.tier_calls import TierCall, TierClient
 
 FINAL_MARGIN_S = 0.05  # time kept back from the client's deadline to send Final after a refine
 
@@ -33,31 +45,6 @@ class UpstreamFailed(Exception):
         self.details = f"tier {tier}: {error.details()}"
 
 
-@dataclass(frozen=True)
-class ChatPlan:
-    """What the router decided to run for one chat."""
-
-    request_id: str
-    mode: int  # router_pb2.Mode
-    tiers: tuple[str, ...]  # in revision order: one tier, or (draft, refine)
-    generate: tier_pb2.GenerateRequest  # the tier request, without request_id
-    decision: router_pb2.RouteDecision
-    fallback_tier: str | None = None  # ROUTED/PINNED: started if the first token is late
-    first_token_timeout_s: float = 0.0  # 0 = no timeout fallback
-    gate: str = "always"  # PROGRESSIVE: "always", "race" or "cascade"
-    min_confidence: float = 0.0  # PROGRESSIVE: a draft at least this confident is kept
-    choice: RouteChoice | None = None  # the policy's view of the request (for learning)
-
-
-@dataclass
-class SessionResult:
-    """What the chat produced, for policies that learn from it."""
-
-    answer_tier: str = ""
-    draft_text: str | None = None  # PROGRESSIVE: the draft, complete
-    refined_text: str | None = None  # PROGRESSIVE: the refinement, complete
-
-
 @dataclass
 class RevisionOutcome:
     started: bool = False  # RevisionStart was sent
@@ -65,52 +52,32 @@ class RevisionOutcome:
     error: grpc.aio.AioRpcError | None = None
 
 
-@dataclass
-class SessionClock:
-    """Milliseconds since the router received the request, and the marks Final reports."""
-
-    start: float = field(default_factory=time.perf_counter)
-    route_ms: float = 0.0
-    ttft_ms: float = 0.0
-    first_draft_ms: float = 0.0
-
-    def ms(self) -> float:
-        return (time.perf_counter() - self.start) * 1000
+Chunks = AsyncIterator[tier_pb2.GenerateChunk]
 
 
 class ChatSession:
+    """One chat; read it once with events(). Not thread-safe: one event loop."""
+
     def __init__(
         self,
         plan: ChatPlan,
-        channels: TierChannels,
+        tiers: TierClient,
         refine_budget_s: float,
         time_remaining_s: float | None,
         clock: SessionClock,
-        telemetry: ChatTelemetry,
     ) -> None:
-        self._telemetry = telemetry
         self._plan = plan
-        self._channels = channels
+        self._tiers = tiers
         self._refine_budget_s = refine_budget_s
         self._deadline = None if time_remaining_s is None else clock.start + time_remaining_s
         self._clock = clock
         self._calls: list[TierCall] = []
-        self.result = SessionResult()
+        self._reported: set[str] = set()  # request ids of the calls reported ended
+        self._racing: list[asyncio.Future[Any]] = []  # first-chunk reads still in flight
 
-    def _remaining_s(self) -> float | None:
-        return None if self._deadline is None else max(0.001, self._deadline - time.perf_counter())
-
-    def _start(self, tier: str, timeout_s: float | None) -> TierCall:
-        request = tier_pb2.GenerateRequest()
-        request.CopyFrom(self._plan.generate)
-        request.request_id = f"{self._plan.request_id}/{tier}"
-        span = self._telemetry.tier_call(tier, request.request_id)
-        call = TierCall(self._channels, tier, request, timeout_s, span)
-        self._calls.append(call)
-        return call
-
-    async def events(self) -> AsyncIterator[router_pb2.ChatEvent]:
-        """The chat's events, RouteDecision first and Final last; raises UpstreamFailed."""
+    async def events(self) -> AsyncGenerator[SessionEvent, None]:
+        """The chat's events, RouteDecision first and Final last; raises UpstreamFailed. Closing
+        the iterator early (the client left) cancels every upstream call."""
         try:
             yield router_pb2.ChatEvent(route=self._plan.decision)
             if self._plan.mode == router_pb2.MODE_PROGRESSIVE:
@@ -120,75 +87,117 @@ class ChatSession:
                 async for event in self._single():
                     yield event
         finally:
+            for future in self._racing:
+                future.cancel()
             for call in self._calls:
                 call.cancel()
 
-    async def _single(self) -> AsyncIterator[router_pb2.ChatEvent]:
-        call = self._start(self._plan.tiers[0], self._remaining_s())
+    def _remaining_s(self) -> float | None:
+        return None if self._deadline is None else max(0.001, self._deadline - time.perf_counter())
+
+    def _opening(self, tier: str) -> TierCallOpening:
+        return TierCallOpening(tier, f"{self._plan.request_id}/{tier}")
+
+    def _open(self, opening: TierCallOpening, timeout_s: float | None) -> TierCall:
+        """Starts the call announced by `opening`, with the metadata observers gave it."""
+        request = tier_pb2.GenerateRequest()
+        request.CopyFrom(self._plan.generate)
+        request.request_id = opening.request_id
+        call = TierCall(self._tiers, opening.tier, request, timeout_s, opening.metadata)
+        self._calls.append(call)
+        return call
+
+    def _ended(self, call: TierCall) -> list[TierCallEnded]:
+        """The call's TierCallEnded, once: by its failure, its finish, or else as cancelled."""
+        if call.request_id in self._reported:
+            return []
+        self._reported.add(call.request_id)
+        code, message = "CANCELLED", "cancelled by the router"
+        if call.error is not None:
+            code, message = call.error.code().name, call.error.details() or ""
+        elif call.finished:
+            code, message = "OK", ""
+        return [TierCallEnded(call.tier, call.request_id, code, message, call.usage)]
+
+    async def _single(self) -> AsyncIterator[SessionEvent]:
+        plan = self._plan
+        opening = self._opening(plan.tiers[0])
+        yield opening
+        call = self._open(opening, self._remaining_s())
         chunks = call.chunks()
         reason = f"answered by {call.tier}"
-        plan = self._plan
         if plan.fallback_tier and plan.first_token_timeout_s > 0:
-            call, chunks, raced = await self._first_token_race(call, chunks)
-            if raced:
-                reason = (
-                    f"no first token from {plan.tiers[0]} within "
-                    f"{plan.first_token_timeout_s * 1000:.0f} ms; answered by {call.tier}"
-                )
+            first = asyncio.ensure_future(anext(chunks))
+            self._racing.append(first)
+            done, _ = await asyncio.wait({first}, timeout=plan.first_token_timeout_s)
+            if done:
+                chunks = _prepend(first, chunks)
+            else:  # no first chunk in time: the fallback tier races it
+                opening = self._opening(plan.fallback_tier)
+                yield opening
+                backup = self._open(opening, self._remaining_s())
+                winner, chunks = await self._first_chunk_race(call, chunks, first, backup)
+                for ended in self._ended(backup if winner is call else call):
+                    yield ended
+                if winner is backup:
+                    reason = (
+                        f"no first token from {plan.tiers[0]} within "
+                        f"{plan.first_token_timeout_s * 1000:.0f} ms; answered by {backup.tier}"
+                    )
+                call = winner
         outcome = RevisionOutcome()
         async for event in self._stream_revision(call, 0, None, outcome, chunks):
             yield event
         if not outcome.complete:
             assert outcome.error is not None
             raise UpstreamFailed(call.tier, outcome.error)
-        yield self._final(call, 0, reason)
+        for event in self._final(call, 0, reason):
+            yield event
 
-    async def _first_token_race(
-        self, call: TierCall, chunks: AsyncIterator[tier_pb2.GenerateChunk]
-    ) -> tuple[TierCall, AsyncIterator[tier_pb2.GenerateChunk], bool]:
-        """Timeout fallback: if `call` has no first chunk within the plan's timeout, start the
-        fallback tier too; whichever streams first wins and the other is cancelled."""
-        first = asyncio.ensure_future(anext(chunks))
-        done, _ = await asyncio.wait({first}, timeout=self._plan.first_token_timeout_s)
-        if done:
-            return call, _prepend(first, chunks), False
-        assert self._plan.fallback_tier is not None
-        backup = self._start(self._plan.fallback_tier, self._remaining_s())
+    async def _first_chunk_race(
+        self, call: TierCall, chunks: Chunks, first: asyncio.Future[Any], backup: TierCall
+    ) -> tuple[TierCall, Chunks]:
+        """Whichever of `call` (its first chunk pending in `first`) and `backup` streams first
+        wins; the other is cancelled. A call that fails loses."""
         backup_chunks = backup.chunks()
         second = asyncio.ensure_future(anext(backup_chunks))
+        self._racing.append(second)
         done, _ = await asyncio.wait({first, second}, return_when=asyncio.FIRST_COMPLETED)
         if first in done and not first.exception():
             second.cancel()
             backup.cancel()
-            return call, _prepend(first, chunks), False
+            return call, _prepend(first, chunks)
         first.cancel()
         call.cancel()
-        return backup, _prepend(second, backup_chunks), True
+        return backup, _prepend(second, backup_chunks)
 
-    async def _progressive(self) -> AsyncIterator[router_pb2.ChatEvent]:
-        draft_tier, refine_tier = self._plan.tiers
-        gate = self._plan.gate
-        draft = self._start(draft_tier, self._remaining_s())
-        refine = None if gate == "cascade" else self._start(refine_tier, self._refine_timeout_s())
+    async def _progressive(self) -> AsyncIterator[SessionEvent]:
+        plan = self._plan
+        draft_tier, refine_tier = plan.tiers
+        opening = self._opening(draft_tier)
+        yield opening
+        draft = self._open(opening, self._remaining_s())
+        refine = None
+        if plan.gate != "cascade":
+            opening = self._opening(refine_tier)
+            yield opening
+            refine = self._open(opening, self._refine_timeout_s())
         first = RevisionOutcome()
         async for event in self._stream_revision(draft, 0, None, first):
             yield event
-        if first.complete:
-            self.result.draft_text = draft.text
-        if first.complete and gate != "always":
-            confidence = draft.confidence
-            if confidence >= self._plan.min_confidence:
-                verdict = "cancelled" if refine is not None else "skipped"
-                yield self._final(
-                    draft,
-                    0,
-                    f"draft confident ({confidence:.2f} >= {self._plan.min_confidence:.2f}); "
-                    f"refinement {verdict}",
-                    verdict,
-                )
-                return
+        if first.complete and plan.gate != "always" and draft.confidence >= plan.min_confidence:
+            verdict = "cancelled" if refine is not None else "skipped"
+            reason = (
+                f"draft confident ({draft.confidence:.2f} >= {plan.min_confidence:.2f}); "
+                f"refinement {verdict}"
+            )
+            for event in self._final(draft, 0, reason, verdict):
+                yield event
+            return
         if refine is None:
-            refine = self._start(refine_tier, self._refine_timeout_s())
+            opening = self._opening(refine_tier)
+            yield opening
+            refine = self._open(opening, self._refine_timeout_s())
         if not first.started:  # the draft tier failed before any output: refine answers alone
             assert first.error is not None
             alone = RevisionOutcome()
@@ -197,24 +206,24 @@ class ChatSession:
             if not alone.complete:
                 raise UpstreamFailed(draft_tier, first.error)
             reason = f"draft tier {draft_tier} failed ({_describe(first.error)}); answered by "
-            yield self._final(refine, 0, reason + refine_tier)
+            for event in self._final(refine, 0, reason + refine_tier):
+                yield event
             return
         second = RevisionOutcome()
         async for event in self._stream_revision(refine, 1, draft.text, second):
             yield event
         if second.complete:
-            self.result.refined_text = refine.text
             reason = f"refined by {refine_tier}"
-            if gate != "always":
-                reason += (
-                    f" (draft unsure: {draft.confidence:.2f} < {self._plan.min_confidence:.2f})"
-                )
-            yield self._final(refine, 1, reason, "completed")
+            if plan.gate != "always":
+                reason += f" (draft unsure: {draft.confidence:.2f} < {plan.min_confidence:.2f})"
+            for event in self._final(refine, 1, reason, "completed"):
+                yield event
         elif first.complete:
             assert second.error is not None
             timed_out = second.error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            outcome = "timeout" if timed_out else "failed"
-            yield self._final(draft, 0, self._refine_failure(refine, second.error), outcome)
+            failure = self._refine_failure(refine, second.error)
+            for event in self._final(draft, 0, failure, "timeout" if timed_out else "failed"):
+                yield event
         else:
             assert first.error is not None
             raise UpstreamFailed(draft_tier, first.error)
@@ -239,8 +248,8 @@ class ChatSession:
         revision: int,
         previous: str | None,
         outcome: RevisionOutcome,
-        chunks: AsyncIterator[tier_pb2.GenerateChunk] | None = None,
-    ) -> AsyncIterator[router_pb2.ChatEvent]:
+        chunks: Chunks | None = None,
+    ) -> AsyncIterator[SessionEvent]:
         """Relays one tier call as a revision. Nothing is sent if the call fails before its first
         chunk; a replacing revision holds its text until its kept prefix is known."""
         kept = KeptPrefix(previous) if previous is not None else None
@@ -264,14 +273,16 @@ class ChatSession:
                 keep = kept.at_end() if kept is not None else 0
                 yield self._begin(call, revision, replaces, keep, outcome)
             outcome.complete = True
-            self._telemetry.revision_ended(revision, call.finish_reason or "stop")
+            for ended in self._ended(call):
+                yield ended
             yield revision_end(revision, call.finish_reason or "stop", call.usage)
         except grpc.aio.AioRpcError as e:
             outcome.error = e
+            for ended in self._ended(call):
+                yield ended
             if outcome.started:
                 timed_out = e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                 finish = "timeout" if timed_out else "error"
-                self._telemetry.revision_ended(revision, finish, _describe(e))
                 yield revision_end(revision, finish, call.usage, _describe(e))
 
     def _begin(
@@ -289,15 +300,19 @@ class ChatSession:
             self._clock.ttft_ms = now
         if revision == 0:
             self._clock.first_draft_ms = now
-        self._telemetry.revision_started(revision, call.tier, keep)
         return revision_start(revision, call.tier, replaces, keep)
 
     def _final(
         self, call: TierCall, revision: int, reason: str, refinement: str | None = None
-    ) -> router_pb2.ChatEvent:
+    ) -> list[SessionEvent]:
+        """Cancels what still runs, then: its TierCallEnded events, the refinement's outcome
+        (PROGRESSIVE) and Final naming `call`'s revision as the answer."""
+        events: list[SessionEvent] = []
         for other in self._calls:
             other.cancel()
-        self.result.answer_tier = call.tier
+            events += self._ended(other)
+        if refinement is not None:
+            events.append(RefinementSettled(refinement))
         usage = []
         for c in self._calls:
             tier_usage = router_pb2.TierUsage(
@@ -321,13 +336,11 @@ class ChatSession:
             timings=timings,
             revisions=max((c.revision or 0) for c in self._calls if c.revision is not None) + 1,
         )
-        self._telemetry.final(final, refinement)
-        return router_pb2.ChatEvent(final=final)
+        events.append(router_pb2.ChatEvent(final=final))
+        return events
 
 
-async def _prepend(
-    first: asyncio.Future[tier_pb2.GenerateChunk], rest: AsyncIterator[tier_pb2.GenerateChunk]
-) -> AsyncIterator[tier_pb2.GenerateChunk]:
+async def _prepend(first: asyncio.Future[Any], rest: Chunks) -> Chunks:
     """The chunk `first` resolves to, then the rest of the stream. A stream that ended before
     any chunk simply ends; a failed one raises its error."""
     try:

@@ -2,7 +2,8 @@
 one span per revision, one client span per tier call (carrying trace context to the tier), and
 the progressive-streaming metrics (time to first draft, time to final, revisions, refinements).
 
-Knows OpenTelemetry and the protobuf messages; makes no calls itself.
+ChatTelemetry observes a chat session's events (chat_events.py) as the servicer relays them; the
+session never calls it. Knows OpenTelemetry and the protobuf messages; makes no calls itself.
 """
 
 from __future__ import annotations
@@ -15,11 +16,16 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.metrics import Counter, Histogram
 from opentelemetry.trace import SpanKind
+from tiermesh.client.requests import MODE_NAMES
 from tiermesh.v1 import common_pb2, router_pb2
 
 from services.common.telemetry import end_span, extract_context, inject_metadata, meter, tracer
-
-MODE_NAMES = {1: "routed", 2: "progressive", 3: "pinned"}
+from services.router.chat_events import (
+    RefinementSettled,
+    SessionEvent,
+    TierCallEnded,
+    TierCallOpening,
+)
 
 
 class RouterMetrics:
@@ -90,6 +96,9 @@ class TierCallSpan:
 
 
 class ChatTelemetry:
+    """The spans and metrics of one chat: the servicer calls route() once planned and finish()
+    at the end, and hands it every session event in between (observe)."""
+
     def __init__(self, metadata: Sequence[tuple[str, Any]] | None) -> None:
         self.span = tracer().start_span(
             "router Chat",
@@ -104,6 +113,7 @@ class ChatTelemetry:
         )
         self.context = trace.set_span_in_context(self.span)
         self._revisions: dict[int, trace.Span] = {}
+        self._tier_calls: dict[str, TierCallSpan] = {}  # by the tier request's id
         self.mode = ""
 
     def route(self, decision: router_pb2.RouteDecision, max_tokens: int, start_ns: int) -> None:
@@ -131,10 +141,27 @@ class ChatTelemetry:
             },
         )
 
-    def tier_call(self, tier: str, request_id: str) -> TierCallSpan:
-        return TierCallSpan(self.context, tier, request_id)
+    def observe(self, event: SessionEvent) -> None:
+        if isinstance(event, TierCallOpening):
+            span = TierCallSpan(self.context, event.tier, event.request_id)
+            self._tier_calls[event.request_id] = span
+            event.metadata.extend(span.metadata)
+        elif isinstance(event, TierCallEnded):
+            ended = self._tier_calls.pop(event.request_id, None)
+            if ended is not None:
+                ended.end(event.code, event.message, event.usage)
+        elif isinstance(event, RefinementSettled):
+            router_metrics().refinements.add(1, {"tiermesh.outcome": event.outcome})
+        elif event.HasField("revision_start"):
+            start = event.revision_start
+            self._revision_started(start.revision, start.tier, start.kept_prefix_chars)
+        elif event.HasField("revision_end"):
+            end = event.revision_end
+            self._revision_ended(end.revision, end.finish_reason, end.error)
+        elif event.HasField("final"):
+            self._final(event.final)
 
-    def revision_started(self, revision: int, tier: str, kept_prefix_chars: int) -> None:
+    def _revision_started(self, revision: int, tier: str, kept_prefix_chars: int) -> None:
         span = tracer().start_span(f"revision {revision}", context=self.context)
         span.set_attributes(
             {
@@ -145,14 +172,14 @@ class ChatTelemetry:
         )
         self._revisions[revision] = span
 
-    def revision_ended(self, revision: int, finish_reason: str, error: str = "") -> None:
+    def _revision_ended(self, revision: int, finish_reason: str, error: str = "") -> None:
         span = self._revisions.pop(revision, None)
         if span is None:
             return
         span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
         end_span(span, "OK" if not error else "UNKNOWN", error)
 
-    def final(self, final: router_pb2.Final, refinement: str | None) -> None:
+    def _final(self, final: router_pb2.Final) -> None:
         metrics = router_metrics()
         attributes = {"tiermesh.mode": self.mode}
         t = final.timings
@@ -160,8 +187,6 @@ class ChatTelemetry:
             metrics.first_draft.record(t.time_to_first_draft_ms / 1000, attributes)
         metrics.final.record(t.time_to_final_ms / 1000, attributes)
         metrics.revisions.record(final.revisions, attributes)
-        if refinement is not None:
-            metrics.refinements.add(1, {"tiermesh.outcome": refinement})
         self.span.set_attributes(
             {
                 "tiermesh.final.revision": final.revision,
@@ -176,8 +201,11 @@ class ChatTelemetry:
         )
 
     def finish(self, code: str, message: str = "") -> None:
+        """Ends the chat span; what is still open (the session stopped early) ends with it."""
+        for request_id in list(self._tier_calls):
+            self._tier_calls.pop(request_id).end("CANCELLED", "cancelled by the router")
         for revision in list(self._revisions):
-            self.revision_ended(revision, "cancelled" if code == "CANCELLED" else "error", code)
+            self._revision_ended(revision, "cancelled" if code == "CANCELLED" else "error", code)
         if code == "CANCELLED" and self.mode == "progressive":
             router_metrics().refinements.add(1, {"tiermesh.outcome": "cancelled"})
         end_span(self.span, code, message)

@@ -15,6 +15,7 @@ from pathlib import Path
 from tiermesh.v1 import router_pb2, router_pb2_grpc
 
 from services.common import env
+from services.common.answers import answers_agree
 from services.common.config import RouterConfig, load_config
 from services.common.errors import TiermeshError
 from services.common.grpc_service import (
@@ -64,7 +65,9 @@ class RouterServer:
 async def start_router(config: RouterConfig) -> RouterServer:
     channels = TierChannels(config.tiers)
     watcher = TierLoadWatcher(channels, config.load_watch_interval_ms)
-    servicer = RouterServicer(config, channels, create_policy(config), watcher.loads)
+    servicer = RouterServicer(
+        config, channels, create_policy(config), watcher.loads, answers_agree=answers_agree
+    )
     running = await start_server(
         config.host,
         config.port,

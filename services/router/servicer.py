@@ -1,7 +1,9 @@
-"""RouterService over gRPC: validates a chat, plans it (mode, tiers, policy), streams its events.
+"""RouterService over gRPC: validates a chat, plans it (mode, tiers, policy), relays its session's
+events to the client and to the chat's observers (telemetry, the routing lessons).
 
 Bounded: past max_inflight chats a new one gets RESOURCE_EXHAUSTED at once. A tier's error is
-relayed with the tier's own status code.
+relayed with the tier's own status code. Knows nothing of how answers are scored: the comparison
+the routing lessons use is given to it.
 """
 
 from __future__ import annotations
@@ -10,12 +12,15 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import cast
 
 import grpc
+from tiermesh.client.requests import MODE_NAMES
 from tiermesh.v1 import router_pb2, router_pb2_grpc, tier_pb2
 
+from services.common.answers import answers_agree
 from services.common.config import GATES, RouterConfig
 from services.common.errors import InvalidArgument, TiermeshError
 from services.common.grpc_service import status_code
@@ -26,54 +31,48 @@ from services.common.validation import (
     check_sampling,
     conversation,
 )
-from services.router.chat_session import (
-    ChatPlan,
-    ChatSession,
-    SessionClock,
-    SessionResult,
-    UpstreamFailed,
-)
+from services.router.chat_plan import ChatPlan, SessionClock
+from services.router.chat_session import ChatSession, UpstreamFailed
 from services.router.chat_telemetry import ChatTelemetry
 from services.router.fallback import choose_with_fallback
-from services.router.policy import Loads, RouteChoice, RoutingInput, RoutingPolicy
-from services.router.tier_calls import TierChannels
-from services.workload.scoring import final_answer
+from services.router.learning import AnswersAgree, RoutingLessons
+from services.router.policy import Loads, RoutingInput, RoutingPolicy
+from services.router.tier_calls import TierClient
 
 log = logging.getLogger(__name__)
 
-MODES = {
-    router_pb2.MODE_UNSPECIFIED: router_pb2.MODE_ROUTED,
-    router_pb2.MODE_ROUTED: router_pb2.MODE_ROUTED,
-    router_pb2.MODE_PROGRESSIVE: router_pb2.MODE_PROGRESSIVE,
-    router_pb2.MODE_PINNED: router_pb2.MODE_PINNED,
-}
-FEEDBACK_MEMORY = 10_000  # request ids remembered for Feedback
+# request mode -> the mode the router runs: the client's named modes, unset meaning routed
+MODES: dict[int, router_pb2.Mode] = {router_pb2.MODE_UNSPECIFIED: router_pb2.MODE_ROUTED}
+MODES |= {mode: cast("router_pb2.Mode", mode) for mode in MODE_NAMES}
 
 
 class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     def __init__(
         self,
         config: RouterConfig,
-        channels: TierChannels,
+        tiers: TierClient,
         policy: RoutingPolicy,
         loads: Loads | None = None,
+        answers_agree: AnswersAgree = answers_agree,
     ) -> None:
+        """`answers_agree` tells whether a draft and its refinement give the same final answer
+        (the progressive learning signal)."""
         self._config = config
-        self._channels = channels
+        self._tiers = tiers
         self._policy = policy
         self._loads: Loads = loads if loads is not None else dict.fromkeys(config.tiers)
+        self._lessons = RoutingLessons(policy, answers_agree)
         self.inflight = 0
-        # request id -> (the policy's choice, the tier that answered): what Feedback rewards
-        self._recent: OrderedDict[str, tuple[RouteChoice, str]] = OrderedDict()
 
     def plan(self, request: router_pb2.ChatRequest) -> ChatPlan:
         """Validates the request and decides mode and tiers; raises InvalidArgument."""
         config = self._config
         check_request_id(request.request_id)
         if request.mode not in MODES:
+            expected = [router_pb2.Mode.Name(m) for m in MODE_NAMES]
             raise InvalidArgument(
                 f"mode: unknown mode {request.mode} "
-                "(expected MODE_ROUTED, MODE_PROGRESSIVE or MODE_PINNED)"
+                f"(expected {', '.join(expected[:-1])} or {expected[-1]})"
             )
         mode = MODES[request.mode]
         turns = conversation(list(request.messages), request.prompt, config.max_prompt_chars)
@@ -165,16 +164,19 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             telemetry.route(plan.decision, plan.generate.max_tokens, start_ns)
             session = ChatSession(
                 plan,
-                self._channels,
+                self._tiers,
                 self._config.refine_budget_ms / 1000,
                 context.time_remaining(),
                 clock,
-                telemetry,
             )
+            observers = (telemetry, self._lessons.observer(plan))
             try:
-                async for event in session.events():
-                    yield event
-                self._learn(plan, session.result)
+                async with aclosing(session.events()) as events:
+                    async for event in events:
+                        for observer in observers:
+                            observer.observe(event)
+                        if isinstance(event, router_pb2.ChatEvent):
+                            yield event
             except UpstreamFailed as e:
                 code, message = e.code.name, e.details
                 await context.abort(e.code, e.details)
@@ -185,20 +187,6 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             self.inflight -= 1
             telemetry.finish(code, message)
 
-    def _learn(self, plan: ChatPlan, result: SessionResult) -> None:
-        """Remembers the decision for Feedback; a progressive chat whose refinement changed the
-        draft teaches the policy that the draft tier was the wrong call (and vice versa)."""
-        if plan.choice is None:
-            return
-        self._recent[plan.request_id] = (plan.choice, result.answer_tier)
-        self._recent.move_to_end(plan.request_id)
-        while len(self._recent) > FEEDBACK_MEMORY:
-            self._recent.popitem(last=False)
-        if result.draft_text is not None and result.refined_text is not None:
-            same = final_answer(result.draft_text) == final_answer(result.refined_text)
-            self._policy.learn(plan.choice, plan.tiers[0], 1.0 if same else 0.0)
-            self._policy.learn(plan.choice, plan.tiers[1], 1.0)
-
     async def Feedback(
         self, request: router_pb2.FeedbackRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.FeedbackResponse:
@@ -206,9 +194,5 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"score: must be in [0, 1], got {request.score}"
             )
-        remembered = self._recent.get(request.request_id)
-        if remembered is None:
-            return router_pb2.FeedbackResponse(accepted=False)
-        choice, tier = remembered
-        self._policy.learn(choice, tier, request.score)
-        return router_pb2.FeedbackResponse(accepted=True)
+        accepted = self._lessons.feedback(request.request_id, request.score)
+        return router_pb2.FeedbackResponse(accepted=accepted)

@@ -1,19 +1,51 @@
-"""The router's side of the tiers: one channel per tier, and one streaming call per revision.
+"""The router's side of the tiers: the small TierClient interface the chat session starts calls
+through, its gRPC implementation (one channel per tier), and TierCall, one streaming call.
 
-Knows gRPC and the tier contract; knows nothing of revisions or routing policy.
+Knows gRPC and the tier contract; knows nothing of revisions, routing policy or telemetry.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Protocol
 
 import grpc
 from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
 
-from services.router.chat_telemetry import TierCallSpan
-
 CHANNEL_OPTIONS = [("grpc.enable_retries", 0)]
+
+
+class GenerateStream(Protocol):
+    """A running Generate call (a grpc.aio.UnaryStreamCall satisfies it). Iterating it yields
+    the tier's chunks and raises grpc.aio.AioRpcError with the tier's status on failure; the
+    call runs upstream from the moment it is made, read or not. Not thread-safe: one event loop.
+    """
+
+    def __aiter__(self) -> AsyncIterator[tier_pb2.GenerateChunk]: ...
+
+    def done(self) -> bool:
+        """True once the call has ended upstream (finished, failed, cancelled or timed out)."""
+        ...
+
+    def cancel(self) -> bool:
+        """Cancels the call upstream (the tier aborts its work); False if it had already ended."""
+        ...
+
+
+class TierClient(Protocol):
+    """Starts Generate calls on named tiers: what a chat session needs of the tiers."""
+
+    def generate(
+        self,
+        tier: str,
+        request: tier_pb2.GenerateRequest,
+        timeout_s: float | None,
+        metadata: Sequence[tuple[str, str]],
+    ) -> GenerateStream:
+        """Starts the call now; `timeout_s` None means no deadline, else the call ends with
+        DEADLINE_EXCEEDED once it passes. `metadata` travels as the call's initial metadata."""
+        ...
 
 
 class TierChannels:
@@ -32,6 +64,18 @@ class TierChannels:
     def stub(self, tier: str) -> tier_pb2_grpc.TierServiceStub:
         return self._stubs[tier]
 
+    def generate(
+        self,
+        tier: str,
+        request: tier_pb2.GenerateRequest,
+        timeout_s: float | None,
+        metadata: Sequence[tuple[str, str]],
+    ) -> GenerateStream:
+        call: GenerateStream = self._stubs[tier].Generate(
+            request, timeout=timeout_s, metadata=tuple(metadata)
+        )
+        return call
+
     async def close(self) -> None:
         for channel in self._channels.values():
             await channel.close()
@@ -42,21 +86,21 @@ class TierCall:
 
     def __init__(
         self,
-        channels: TierChannels,
+        client: TierClient,
         tier: str,
         request: tier_pb2.GenerateRequest,
         timeout_s: float | None,
-        span: TierCallSpan | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
     ) -> None:
         self.tier = tier
+        self.request_id = request.request_id
         self.timeout_s = timeout_s
-        self._span = span
-        metadata = span.metadata if span is not None else None
-        self.call = channels.stub(tier).Generate(request, timeout=timeout_s, metadata=metadata)
+        self.call = client.generate(tier, request, timeout_s, metadata)
         self.text = ""
         self.logprobs: list[float] = []
         self.usage: common_pb2.Usage | None = None
         self.finish_reason = ""
+        self.error: grpc.aio.AioRpcError | None = None  # the tier's failure, once read
         self.revision: int | None = None  # the revision it produced, once shown
         self.cancelled = False
 
@@ -71,13 +115,8 @@ class TierCall:
                     self.usage = chunk.usage
                 yield chunk
         except grpc.aio.AioRpcError as e:
-            self._end_span(e.code().name, e.details() or "")
+            self.error = e
             raise
-        self._end_span("OK")
-
-    def _end_span(self, code: str, message: str = "") -> None:
-        if self._span is not None:
-            self._span.end(code, message, self.usage)
 
     @property
     def confidence(self) -> float:
@@ -95,5 +134,3 @@ class TierCall:
         if not self.call.done():
             self.cancelled = True
             self.call.cancel()
-        if not self.finished:
-            self._end_span("CANCELLED", "cancelled by the router")

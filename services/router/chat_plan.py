@@ -1,0 +1,42 @@
+"""What the router decided to run for one chat (ChatPlan), and the clock its Final timings read.
+
+Plain data: knows the protobuf messages and the policy's RouteChoice; makes no calls.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from tiermesh.v1 import router_pb2, tier_pb2
+
+from services.router.policy import RouteChoice
+
+
+@dataclass(frozen=True)
+class ChatPlan:
+    """What the router decided to run for one chat."""
+
+    request_id: str
+    mode: int  # router_pb2.Mode
+    tiers: tuple[str, ...]  # in revision order: one tier, or (draft, refine)
+    generate: tier_pb2.GenerateRequest  # the tier request, without request_id
+    decision: router_pb2.RouteDecision
+    fallback_tier: str | None = None  # ROUTED/PINNED: started if the first token is late
+    first_token_timeout_s: float = 0.0  # 0 = no timeout fallback
+    gate: str = "always"  # PROGRESSIVE: "always", "race" or "cascade"
+    min_confidence: float = 0.0  # PROGRESSIVE: a draft at least this confident is kept
+    choice: RouteChoice | None = None  # the policy's view of the request (for learning)
+
+
+@dataclass
+class SessionClock:
+    """Milliseconds since the router received the request, and the marks Final reports."""
+
+    start: float = field(default_factory=time.perf_counter)
+    route_ms: float = 0.0
+    ttft_ms: float = 0.0
+    first_draft_ms: float = 0.0
+
+    def ms(self) -> float:
+        return (time.perf_counter() - self.start) * 1000
