@@ -15,10 +15,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from services.common.tiers import TIER_NAMES
 from services.router.complexity_model import ComplexityModel
 from services.router.policy import Loads, RouteChoice, RoutingInput
 
-TIERS = ("small", "medium", "large")
 CONTEXT_DIMS = 7  # bias, 3 class probabilities, score, numbers, length
 SCORE_INDEX = 4  # where the complexity score sits in the context
 NUMBER = re.compile(r"\d+")
@@ -36,7 +36,7 @@ class AdaptivePolicy:
         # 0.3 an arm that lost its first tries on hard requests was never tried on easy ones
         # again, and some feedback orders ended routing everything to large
         exploration: float = 1.0,
-        tiers: tuple[str, ...] = TIERS,
+        tiers: tuple[str, ...] = TIER_NAMES,
     ) -> None:
         self._model = model
         self._costs = dict(costs)

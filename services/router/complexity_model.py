@@ -16,9 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from services.common.tiers import TIER_NAMES
+
 DIMENSIONS = 4096
 LEVELS = np.array([0.0, 0.5, 1.0])  # small, medium, large: the score is the expected level
-CLASSES = ("small", "medium", "large")
+CLASSES = TIER_NAMES  # the classes, cheapest first: the tier names
 DEFAULT_ARTIFACT = Path(__file__).with_name("complexity_model.npz")
 _TOKEN = re.compile(r"[a-z]+|\d+|[^\sa-z\d]")
 
