@@ -16,13 +16,29 @@ BOOTSTRAP_CONFIG_ENV = "GRPC_XDS_BOOTSTRAP_CONFIG"
 ENVOY_ADMIN_PORT = 9901
 
 
+# The channel credential types gRPC's xDS clients know (the bootstrap design, gRFC A27 and A29).
+CHANNEL_CREDS = ("insecure", "google_default", "tls", "xds")
+
+
 def grpc_bootstrap(
-    control_plane: str, node_id: str, cluster: str = "tiermesh", zone: str = ""
+    control_plane: str,
+    node_id: str,
+    cluster: str = "tiermesh",
+    zone: str = "",
+    region: str = "",
+    sub_zone: str = "",
 ) -> dict[str, Any]:
-    """The gRPC xDS bootstrap: one ADS server (insecure, xDS v3) and this client's node."""
-    node: dict[str, Any] = {"id": node_id, "cluster": cluster}
-    if zone:
-        node["locality"] = {"zone": zone}
+    """The gRPC xDS bootstrap: one ADS server (insecure, xDS v3) and this client's node.
+
+    Every field the gRPC xDS bootstrap design lists for the node is written, `locality` too
+    (empty strings when unknown): grpcio accepts a node without it, some other languages'
+    clients refuse one."""
+    node: dict[str, Any] = {
+        "id": node_id,
+        "cluster": cluster,
+        "locality": {"region": region, "zone": zone, "sub_zone": sub_zone},
+        "metadata": {},
+    }
     return {
         "xds_servers": [
             {
@@ -39,6 +55,62 @@ def bootstrap_env(control_plane: str, node_id: str) -> dict[str, str]:
     """The environment that makes every xds:/// channel of a process use this control plane.
     It must be in place before the process creates its first xds channel."""
     return {BOOTSTRAP_CONFIG_ENV: json.dumps(grpc_bootstrap(control_plane, node_id))}
+
+
+def bootstrap_problems(bootstrap: Any) -> list[str]:
+    """What a gRPC xDS bootstrap lacks or gets wrong, one sentence each; empty when it is one
+    that gRPC's xDS clients in every language accept."""
+    if not isinstance(bootstrap, dict):
+        return ["the bootstrap must be a JSON object"]
+    problems: list[str] = []
+    servers = bootstrap.get("xds_servers")
+    if not isinstance(servers, list) or not servers:
+        problems.append("xds_servers: must be a non-empty list of control plane servers")
+        servers = []
+    for i, server in enumerate(servers):
+        where = f"xds_servers[{i}]"
+        if not isinstance(server, dict):
+            problems.append(f"{where}: must be an object")
+            continue
+        uri = server.get("server_uri")
+        if not isinstance(uri, str) or not uri:
+            problems.append(f"{where}.server_uri: must be a non-empty string (host:port)")
+        creds = server.get("channel_creds")
+        if not isinstance(creds, list) or not creds:
+            problems.append(f"{where}.channel_creds: must be a non-empty list")
+        elif not any(isinstance(c, dict) and c.get("type") in CHANNEL_CREDS for c in creds):
+            problems.append(
+                f"{where}.channel_creds: no entry with a type clients know "
+                f"({', '.join(CHANNEL_CREDS)})"
+            )
+        features = server.get("server_features", [])
+        if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
+            problems.append(f"{where}.server_features: must be a list of strings")
+        elif "xds_v3" not in features:
+            problems.append(
+                f'{where}.server_features: lacks "xds_v3" (the control plane speaks v3)'
+            )
+    node = bootstrap.get("node")
+    if not isinstance(node, dict):
+        problems.append("node: must be an object with id, cluster and locality")
+        return problems
+    if not isinstance(node.get("id"), str) or not node["id"]:
+        problems.append("node.id: must be a non-empty string")
+    if "cluster" in node and not isinstance(node["cluster"], str):
+        problems.append("node.cluster: must be a string")
+    locality = node.get("locality")
+    if not isinstance(locality, dict):
+        problems.append(
+            "node.locality: missing (some xDS clients refuse a node without it; "
+            '{"region": "", "zone": "", "sub_zone": ""} will do)'
+        )
+    else:
+        for key in ("region", "zone", "sub_zone"):
+            if not isinstance(locality.get(key, ""), str):
+                problems.append(f"node.locality.{key}: must be a string")
+    if "metadata" in node and not isinstance(node["metadata"], dict):
+        problems.append("node.metadata: must be an object")
+    return problems
 
 
 def envoy_bootstrap(

@@ -3,6 +3,7 @@
 tiermesh mesh serve --topology FILE [--host H] [--port P]   ADS + admin + health; reloads FILE
 tiermesh mesh status [--json] [--address ADDR]               nodes, ACK/NACK, endpoints per tier
 tiermesh mesh bootstrap [--topology FILE] [--node-id ID]     gRPC xDS bootstrap JSON
+tiermesh mesh bootstrap --validate FILE                      what a bootstrap file lacks
 tiermesh mesh envoy [--topology FILE]                        Envoy bootstrap JSON
 tiermesh mesh k8s [--topology FILE]                          Kubernetes manifests (YAML)
 tiermesh mesh probe TARGET [--calls N]                       which backend answers, N calls
@@ -23,7 +24,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mesh.bootstrap import BOOTSTRAP_CONFIG_ENV, envoy_bootstrap, grpc_bootstrap
+from mesh.bootstrap import (
+    BOOTSTRAP_CONFIG_ENV,
+    bootstrap_problems,
+    envoy_bootstrap,
+    grpc_bootstrap,
+)
 from mesh.topology import Topology
 from mesh.topology_file import load_topology
 from services.common import env
@@ -91,8 +97,29 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
+    if args.validate is not None:
+        return _validate_bootstrap(args.validate)
     control_plane = args.control_plane or _topology(args).control_plane
-    _print_json(grpc_bootstrap(control_plane, args.node_id, zone=args.zone))
+    bootstrap = grpc_bootstrap(
+        control_plane, args.node_id, zone=args.zone, region=args.region, sub_zone=args.sub_zone
+    )
+    _print_json(bootstrap)
+    return 0
+
+
+def _validate_bootstrap(path: Path) -> int:
+    try:
+        bootstrap = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        return _fail(f"{path}: {e.strerror}")
+    except json.JSONDecodeError as e:
+        return _fail(f"{path}:{e.lineno}:{e.colno}: not JSON: {e.msg}", code=1)
+    problems = bootstrap_problems(bootstrap)
+    for problem in problems:
+        print(f"{path}: {problem}", file=sys.stderr)
+    if problems:
+        return 1
+    print(f"{path}: a valid gRPC xDS bootstrap")
     return 0
 
 
@@ -178,7 +205,15 @@ def register(subparsers: Any) -> None:
     _with_topology(bootstrap)
     bootstrap.add_argument("--control-plane", help="ADS address (default: the topology's)")
     bootstrap.add_argument("--node-id", default="tiermesh-router", help="the client's node id")
+    bootstrap.add_argument("--region", default="", help="the client's locality region")
     bootstrap.add_argument("--zone", default="", help="the client's locality zone")
+    bootstrap.add_argument("--sub-zone", default="", help="the client's locality sub-zone")
+    bootstrap.add_argument(
+        "--validate",
+        type=Path,
+        metavar="FILE",
+        help="check FILE instead: say what a gRPC xDS client would miss in it (exit 1 if any)",
+    )
     bootstrap.set_defaults(func=_guarded(cmd_bootstrap))
 
     envoy = commands.add_parser("envoy", help="Envoy bootstrap JSON pointing at the control plane")
