@@ -140,12 +140,31 @@ class RouterConfig:
         )
 
 
+@dataclass(frozen=True)
+class GatewayConfig:
+    """The HTTP gateway: where it listens and which router it calls over gRPC."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080  # 0 = any free port (tests)
+    router: str = "127.0.0.1:50051"  # the router's gRPC target
+    timeout_s: float = 120.0  # deadline of one chat's router call
+    retry_after_s: int = 1  # Retry-After on a 429 when the router gives no hint
+    drain_grace_s: float = 10.0  # on SIGTERM, how long in-flight responses may finish
+
+    def validate(self) -> None:
+        _require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
+        _require(bool(self.router), "router", "must be a gRPC target")
+        _require(self.timeout_s > 0, "timeout_s", "must be > 0")
+        _require(self.retry_after_s >= 0, "retry_after_s", "must be >= 0")
+        _require(self.drain_grace_s >= 0, "drain_grace_s", "must be >= 0")
+
+
 def _require(ok: bool, name: str, message: str) -> None:
     if not ok:
         raise ConfigError(f"{name}: {message}")
 
 
-Config = TypeVar("Config", TierConfig, RouterConfig)
+Config = TypeVar("Config", TierConfig, RouterConfig, GatewayConfig)
 
 
 def read_toml(path: Path, what: str = "config file") -> dict[str, Any]:

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP/SSE front door and chat page; speaks gRPC to the router."""

@@ -1,0 +1,133 @@
+"""What an OpenAI client is shown of a chat's revisions.
+
+`PlainAnswer` serves stock clients: the text it releases, concatenated, is exactly the answer
+(Final's text). It holds every revision but the one the route expects to be the answer (the last
+planned: the refinement in progressive mode, the only one otherwise) and streams that one live;
+a revision that replaces the live one and keeps at least the text already sent takes over. What
+is still held is released when Final names the answer. `revision_fields` and `final_fields` are
+the `tiermesh` objects of clients that opted in to every revision.
+
+Pure: events in, text and dicts out; no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tiermesh.client import (
+    DeltaEvent,
+    Event,
+    FinalEvent,
+    RevisionEndEvent,
+    RevisionStartEvent,
+    RouteEvent,
+)
+
+
+class AnswerReplaced(Exception):
+    """The answer is not the revision already streamed to a plain client (it failed midway and
+    an earlier revision became the answer): the client's text cannot be made right."""
+
+
+class PlainAnswer:
+    """Releases a chat's answer text to a client that knows nothing of revisions."""
+
+    def __init__(self) -> None:
+        self.planned = 1  # revisions the route plans
+        self.live: int | None = None  # the revision streamed as it arrives
+        self.sent = ""  # text released so far: always a prefix of the live revision's text
+        self.texts: dict[int, str] = {}
+
+    def feed(self, event: Event) -> str:
+        """Text to release now for `event` (often empty)."""
+        if isinstance(event, RouteEvent):
+            self.planned = max(1, len(event.tiers))
+        elif isinstance(event, RevisionStartEvent):
+            self.texts[event.revision] = ""
+            if self._takes_over(event):
+                self.live = event.revision
+        elif isinstance(event, DeltaEvent):
+            self.texts[event.revision] = self.texts.get(event.revision, "") + event.text
+            if event.revision == self.live:
+                return self._release(self.texts[event.revision])
+        return ""
+
+    def finish(self, final: FinalEvent) -> str:
+        """The rest of the answer; raises AnswerReplaced if what was sent is not its start."""
+        if not final.text.startswith(self.sent):
+            raise AnswerReplaced(
+                f"the streamed revision ({self._live_name()}) did not become the answer: revision "
+                f"{final.revision} by {final.tier} is the answer ({final.reason}); "
+                "retry, or opt in to revisions to see every one"
+            )
+        return self._release(final.text)
+
+    def _takes_over(self, start: RevisionStartEvent) -> bool:
+        if self.live is None:
+            return not self.sent and start.revision >= self.planned - 1
+        return start.replaces == self.live and start.kept_prefix_chars >= len(self.sent)
+
+    def _release(self, text: str) -> str:
+        if len(text) <= len(self.sent) or not text.startswith(self.sent):
+            return ""
+        new = text[len(self.sent) :]
+        self.sent = text
+        return new
+
+    def _live_name(self) -> str:
+        return f"revision {self.live}" if self.live is not None else "none"
+
+
+class RevisionTracker:
+    """What a chat said about its revisions: the answer's finish reason, and the `tiermesh`
+    object of each chunk for clients that opted in to every revision."""
+
+    def __init__(self) -> None:
+        self.route: RouteEvent | None = None
+        self.starts: dict[int, RevisionStartEvent] = {}
+        self.finish_reasons: dict[int, str] = {}
+
+    def feed(self, event: Event) -> None:
+        if isinstance(event, RouteEvent):
+            self.route = event
+        elif isinstance(event, RevisionStartEvent):
+            self.starts[event.revision] = event
+        elif isinstance(event, RevisionEndEvent):
+            self.finish_reasons[event.revision] = event.finish_reason
+
+    def finish_reason(self, final: FinalEvent) -> str:
+        """OpenAI's finish_reason of the answer: "length" or "stop"."""
+        return "length" if self.finish_reasons.get(final.revision) == "length" else "stop"
+
+    def revision_fields(self, revision: int) -> dict[str, Any]:
+        """{revision, replaces, kept_prefix_chars, tier} of a revision that has started."""
+        start = self.starts[revision]
+        return {
+            "revision": revision,
+            "replaces": start.replaces,
+            "kept_prefix_chars": start.kept_prefix_chars,
+            "tier": start.tier,
+        }
+
+    def final_fields(self, final: FinalEvent) -> dict[str, Any]:
+        """The last chunk's object: the answer's revision and tier, route, reason, timings."""
+        route = self.route
+        return {
+            "final": True,
+            "revision": final.revision,
+            "tier": final.tier,
+            "revisions": final.revisions,
+            "reason": final.reason,
+            "route": None
+            if route is None
+            else {
+                "request_id": route.request_id,
+                "mode": route.mode,
+                "tiers": list(route.tiers),
+                "complexity": route.complexity,
+                "policy": route.policy,
+                "reason": route.reason,
+            },
+            "timings": final.timings,
+            "usage": final.usage,
+        }

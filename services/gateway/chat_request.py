@@ -1,0 +1,189 @@
+"""Reads an OpenAI chat-completions request body into a router ChatRequest, rejecting what
+tiermesh cannot honour with a 400 that names the field.
+
+Pure: no I/O. Knows the model names (`tiermesh-routed`, `tiermesh-progressive`, one per tier) and
+OpenAI's request fields; nothing of HTTP or gRPC calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tiermesh.client.requests import MODES
+from tiermesh.v1 import common_pb2, router_pb2
+
+from services.common.tiers import TIER_NAMES
+from services.gateway.errors import GatewayError, bad_request
+
+MODEL_PREFIX = "tiermesh-"
+# model id -> (mode, pinned tier)
+MODELS: dict[str, tuple[str, str]] = {
+    f"{MODEL_PREFIX}routed": ("routed", ""),
+    f"{MODEL_PREFIX}progressive": ("progressive", ""),
+    **{f"{MODEL_PREFIX}{tier}": ("pinned", tier) for tier in TIER_NAMES},
+}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MAX_SEED = 2**64 - 1
+# fields accepted only at their neutral value: (name, neutral values)
+NEUTRAL_ONLY: tuple[tuple[str, tuple[Any, ...]], ...] = (
+    ("n", (None, 1)),
+    ("presence_penalty", (None, 0, 0.0)),
+    ("frequency_penalty", (None, 0, 0.0)),
+    ("logprobs", (None, False)),
+    ("top_logprobs", (None, 0)),
+    ("logit_bias", (None, {})),
+    ("tools", (None, [])),
+    ("functions", (None, [])),
+    ("tool_choice", (None, "none")),
+    ("function_call", (None, "none")),
+    ("response_format", (None, {"type": "text"})),
+)
+
+
+@dataclass(frozen=True)
+class ChatCompletionRequest:
+    """What the gateway needs to run one chat completion."""
+
+    model: str
+    mode: str
+    request: router_pb2.ChatRequest
+    stream: bool
+    include_usage: bool
+    revisions: bool  # the client opted in to every revision (the `tiermesh` object)
+    user: str
+
+
+def parse_chat_request(body: Any, *, revisions_header: bool = False) -> ChatCompletionRequest:
+    """The chat the body asks for; raises GatewayError (400, or 404 for an unknown model)."""
+    if not isinstance(body, dict):
+        raise GatewayError(400, "the request body must be a JSON object", code="invalid_body")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("model", "required (see GET /v1/models)", "missing_required_parameter")
+    if model not in MODELS:
+        raise GatewayError(
+            404,
+            f"The model `{model}` does not exist; use one of {', '.join(MODELS)}",
+            param="model",
+            code="model_not_found",
+        )
+    mode, tier = MODELS[model]
+    for name, neutral in NEUTRAL_ONLY:
+        if name in body and body[name] not in neutral:
+            raise bad_request(
+                name, f"not supported by tiermesh; leave it unset (got {body[name]!r})"
+            )
+    stop = body.get("stop")
+    if stop not in (None, "", []):
+        raise bad_request("stop", "stop sequences are not supported by tiermesh; leave it unset")
+    stream = _bool(body, "stream")
+    include_usage = _include_usage(body, stream)
+    request = router_pb2.ChatRequest(
+        messages=_messages(body.get("messages")),
+        mode=MODES[mode],  # type: ignore[arg-type]
+        tier=tier,
+        sampling=_sampling(body),
+    )
+    max_tokens = _max_tokens(body)
+    if max_tokens is not None:
+        request.max_tokens = max_tokens
+    extension = body.get("tiermesh")
+    if extension is not None and not isinstance(extension, dict):
+        raise bad_request("tiermesh", 'must be an object such as {"revisions": true}')
+    revisions = revisions_header or _bool(extension or {}, "revisions", "tiermesh.revisions")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad_request("user", "must be a string")
+    return ChatCompletionRequest(model, mode, request, stream, include_usage, revisions, user or "")
+
+
+def _bool(body: dict[str, Any], name: str, param: str | None = None) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(param or name, f"must be true or false, got {value!r}")
+    return value
+
+
+def _include_usage(body: dict[str, Any], stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise bad_request("stream_options", "only allowed when stream is true")
+    if not isinstance(options, dict):
+        raise bad_request("stream_options", "must be an object")
+    return _bool(options, "include_usage", "stream_options.include_usage")
+
+
+def _messages(value: Any) -> list[common_pb2.ChatMessage]:
+    if not isinstance(value, list) or not value:
+        raise bad_request("messages", "required: a non-empty list", "missing_required_parameter")
+    messages = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise bad_request(f"messages[{i}]", "must be an object with role and content")
+        role = message.get("role")
+        if role not in ROLES:
+            raise bad_request(
+                f"messages[{i}].role", f"must be one of {', '.join(ROLES)}, got {role!r}"
+            )
+        content = _content(message.get("content"), i)
+        messages.append(common_pb2.ChatMessage(role=ROLES[role], content=content))
+    return messages
+
+
+def _content(value: Any, i: int) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for part in value:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise bad_request(f"messages[{i}].content", "only text parts are supported")
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise bad_request(f"messages[{i}].content", "a text part needs a text string")
+            texts.append(text)
+        return "".join(texts)
+    raise bad_request(f"messages[{i}].content", "must be a string or a list of text parts")
+
+
+def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise bad_request(name, f"must be a number in [{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
+def _sampling(body: dict[str, Any]) -> common_pb2.SamplingParams:
+    sampling = common_pb2.SamplingParams()
+    temperature = _number(body, "temperature", 0.0, 2.0)
+    if temperature is not None:
+        sampling.temperature = temperature
+    top_p = _number(body, "top_p", 0.0, 1.0)
+    if top_p is not None:
+        if top_p == 0.0:
+            raise bad_request("top_p", "must be > 0")
+        sampling.top_p = top_p
+    seed = body.get("seed")
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+            raise bad_request("seed", f"must be an integer in [0, 2**64 - 1], got {seed!r}")
+        sampling.seed = seed
+    return sampling
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**32:
+            raise bad_request(name, f"must be an integer >= 1, got {value!r}")
+        return value
+    return None

@@ -1,0 +1,117 @@
+"""OpenAI's response shapes: `chat.completion`, `chat.completion.chunk`, usage, the model list
+and SSE framing (`data: {...}` lines, `data: [DONE]`).
+
+Pure builders of plain dicts and bytes; nothing of the router or of HTTP servers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from tiermesh.client import FinalEvent
+
+DONE = b"data: [DONE]\n\n"
+
+
+def completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def created_now() -> int:
+    return int(time.time())
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    """One server-sent event carrying `payload` as JSON."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def usage(final: FinalEvent) -> dict[str, int]:
+    """OpenAI usage of the answer: the tokens of the tier call whose revision is the answer
+    (the per-tier usage of every call is in the `tiermesh` final object)."""
+    answer = next((u for u in final.usage if u.get("revision") == final.revision), None)
+    prompt = int(answer.get("prompt_tokens", 0)) if answer else 0
+    completion = int(answer.get("completion_tokens", 0)) if answer else 0
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+class ChunkWriter:
+    """Builds the chunks of one streamed completion (same id, model and created time)."""
+
+    def __init__(self, model: str) -> None:
+        self.id = completion_id()
+        self.model = model
+        self.created = created_now()
+
+    def chunk(
+        self,
+        delta: dict[str, Any],
+        *,
+        finish_reason: str | None = None,
+        tiermesh: dict[str, Any] | None = None,
+        with_usage_field: bool = False,
+    ) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            ],
+        }
+        if with_usage_field:
+            payload["usage"] = None
+        if tiermesh is not None:
+            payload["tiermesh"] = tiermesh
+        return payload
+
+    def usage_chunk(self, final: FinalEvent) -> dict[str, Any]:
+        """The last chunk `stream_options.include_usage` asks for: no choices, the usage."""
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage(final),
+        }
+
+
+def completion(
+    model: str, final: FinalEvent, finish_reason: str, tiermesh: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The non-streamed `chat.completion` whose message is the answer."""
+    body: dict[str, Any] = {
+        "id": completion_id(),
+        "object": "chat.completion",
+        "created": created_now(),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": final.text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": usage(final),
+    }
+    if tiermesh is not None:
+        body["tiermesh"] = tiermesh
+    return body
+
+
+def model_list(models: list[str]) -> dict[str, Any]:
+    return {"object": "list", "data": [model_card(name) for name in models]}
+
+
+def model_card(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "tiermesh"}

@@ -1,0 +1,115 @@
+"""One chat call to the router over its public gRPC API, as the gateway makes it: the caller's
+`Authorization` and W3C trace context travel as gRPC metadata, a gRPC failure becomes a
+GatewayError, and `cancel()` stops the call upstream (a client that left).
+
+Knows the router's stubs and the client SDK's events; nothing of HTTP framing or OpenAI shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import grpc
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from tiermesh.client import Event, event_from_proto
+from tiermesh.client.tracing import end_span, inject_metadata
+from tiermesh.v1 import router_pb2, router_pb2_grpc
+
+from services.common.telemetry import tracer
+from services.gateway.errors import GatewayError
+
+TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+def call_metadata(headers: Mapping[str, str], context: Context) -> list[tuple[str, str]]:
+    """gRPC metadata of a router call: `authorization` passed through as given, and the trace
+    context `context` (which continues the caller's `traceparent`)."""
+    metadata = inject_metadata(context)
+    authorization = headers.get("authorization")
+    if authorization:
+        metadata.append(("authorization", authorization))
+    return metadata
+
+
+def start_span(headers: Mapping[str, str], model: str, user: str) -> tuple[Any, Context]:
+    """The gateway's SERVER span of one request, a child of the caller's `traceparent`, and the
+    context to continue into the router (the caller's own when no tracer is installed)."""
+    carrier = {name: headers[name] for name in TRACE_HEADERS if name in headers}
+    parent = propagate.extract(carrier)
+    attributes = {"http.request.method": "POST", "http.route": "/v1/chat/completions"}
+    attributes |= {"gen_ai.operation.name": "chat", "gen_ai.request.model": model}
+    if user:
+        attributes["gen_ai.openai.request.user"] = user
+    span = tracer().start_span(
+        "POST /v1/chat/completions",
+        context=parent,
+        kind=trace.SpanKind.SERVER,
+        attributes=attributes,
+    )
+    if not span.get_span_context().is_valid:
+        return None, parent
+    return span, trace.set_span_in_context(span, parent)
+
+
+class RouterChat:
+    """A started Chat call; read `first()` then `rest()`; `cancel()` is safe at any time."""
+
+    def __init__(
+        self,
+        stub: router_pb2_grpc.RouterServiceStub,
+        request: router_pb2.ChatRequest,
+        metadata: list[tuple[str, str]],
+        timeout_s: float,
+        retry_after_s: int,
+        span: Any = None,
+    ) -> None:
+        self._call = stub.Chat(request, timeout=timeout_s, metadata=metadata)
+        self._retry_after_s = retry_after_s
+        self._span = span
+        self._code = "CANCELLED"
+
+    async def first(self) -> Event:
+        """The first event (the route decision); raises GatewayError if the router refused."""
+        event = await self.next()
+        if event is None:
+            raise GatewayError(
+                502, "the router ended the chat without any event", code="bad_gateway"
+            )
+        return event
+
+    async def next(self) -> Event | None:
+        """The next event, None at the end of the stream; a gRPC failure raises GatewayError."""
+        try:
+            message = await self._call.read()
+        except grpc.aio.AioRpcError as e:
+            self._code = e.code().name
+            raise self._error(e) from None
+        if message is grpc.aio.EOF:
+            self._code = "OK"
+            return None
+        return event_from_proto(message)
+
+    async def rest(self) -> AsyncIterator[Event]:
+        """The events after those already read."""
+        while (event := await self.next()) is not None:
+            yield event
+
+    def cancel(self) -> None:
+        """Cancels the router call if it still runs, and ends the request's span."""
+        self._call.cancel()
+        if self._span is not None:
+            end_span(self._span, self._code)
+            self._span = None
+
+    def _error(self, error: grpc.aio.AioRpcError) -> GatewayError:
+        retry_after = self._retry_after_s
+        for key, value in error.trailing_metadata() or ():
+            if key == "retry-after" and str(value).isdigit():
+                retry_after = int(value)
+        return GatewayError.from_status(error.code().name, error.details() or "", retry_after)
+
+
+def router_stub(channel: grpc.aio.Channel) -> router_pb2_grpc.RouterServiceStub:
+    return router_pb2_grpc.RouterServiceStub(channel)

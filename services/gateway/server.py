@@ -1,0 +1,108 @@
+"""Runs the gateway: loads its config, serves the HTTP app on uvicorn, drains on SIGTERM.
+
+`start_gateway` runs it inside the caller's event loop (tests use port 0); `main` is the
+`python -m services.gateway` entrypoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from services.common import env
+from services.common.config import GatewayConfig, load_config
+from services.common.errors import TiermeshError
+from services.common.grpc_service import configure_logging
+from services.common.telemetry import setup_telemetry
+from services.gateway.app import create_app
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONFIG = Path(__file__).with_name("config.toml")
+
+
+@dataclass
+class RunningGateway:
+    config: GatewayConfig
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        await self.task
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {e}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def _uvicorn_config(config: GatewayConfig) -> uvicorn.Config:
+    return uvicorn.Config(
+        create_app(config),
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=int(config.drain_grace_s),
+    )
+
+
+async def start_gateway(config: GatewayConfig) -> RunningGateway:
+    """Starts the gateway in this event loop; port 0 binds any free port."""
+    sock = _bind(config.host, config.port)
+    server = uvicorn.Server(_uvicorn_config(config))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            task.result()
+            raise OSError("the gateway stopped while starting")
+        await asyncio.sleep(0.01)
+    return RunningGateway(config, server, task, int(sock.getsockname()[1]))
+
+
+async def _serve(config: GatewayConfig) -> None:
+    telemetry = setup_telemetry("gateway")
+    sock = _bind(config.host, config.port)
+    log.info("gateway on http://%s:%d, router %s", config.host, config.port, config.router)
+    try:
+        await uvicorn.Server(_uvicorn_config(config)).serve(sockets=[sock])
+    finally:
+        telemetry.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Serve tiermesh's OpenAI-compatible HTTP API.")
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="gateway config (TOML)")
+    parser.add_argument("--host", help="override the config's host")
+    parser.add_argument("--port", type=int, help="override the config's port")
+    parser.add_argument("--router", help="override the config's router address")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        options = {"host": args.host, "port": args.port, "router": args.router}
+        config = load_config(GatewayConfig, args.config, **options)
+        configure_logging("gateway", env.log_level())
+        asyncio.run(_serve(config))
+    except (TiermeshError, OSError) as e:
+        print(f"gateway: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,109 @@
+"""The gateway's HTTP surface with plain httpx: SSE framing, health, metrics, the chat page, the
+revisions header, error bodies, and a client that leaves cancelling the router's work."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.gateway_mesh import GatewayMesh, module_gateway
+
+MESSAGES = [{"role": "user", "content": "What is your return policy?"}]
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
+) -> Iterator[GatewayMesh]:
+    yield from module_gateway(tmp_path_factory.mktemp("tiny-model-large"), tiny_model_dir)
+
+
+def sse_events(response: httpx.Response) -> list[str]:
+    """The data of each event; every event is exactly one `data: ` line and a blank line."""
+    body = response.read().decode()
+    assert body.endswith("\n\n")
+    events = []
+    for block in body.split("\n\n")[:-1]:
+        assert block.startswith("data: "), block
+        assert "\n" not in block
+        events.append(block.removeprefix("data: "))
+    return events
+
+
+def test_sse_framing(gateway: GatewayMesh) -> None:
+    body = {"model": "tiermesh-routed", "messages": MESSAGES, "stream": True, "max_tokens": 10}
+    with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(response)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"][0]["delta"] == {}
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+    assert all("tiermesh" not in c for c in chunks)
+
+
+def test_revisions_header_opts_in(gateway: GatewayMesh) -> None:
+    body = {"model": "tiermesh-progressive", "messages": MESSAGES, "stream": True}
+    body["max_tokens"] = 8
+    headers = {"X-Tiermesh-Revisions": "1"}
+    url = f"{gateway.url}/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, headers=headers) as response:
+        chunks = [json.loads(e) for e in sse_events(response)[:-1]]
+    infos = [c["tiermesh"] for c in chunks if "tiermesh" in c]
+    assert {i["revision"] for i in infos} == {0, 1}
+    assert infos[-1]["final"] is True
+
+
+def test_error_body_is_openai_shaped(gateway: GatewayMesh) -> None:
+    body = {"model": "tiermesh-small", "messages": MESSAGES, "max_tokens": 0, "stream": True}
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == "max_tokens"
+    not_json = httpx.post(f"{gateway.url}/v1/chat/completions", content=b"{oops")
+    assert not_json.status_code == 400
+    assert "JSON" in not_json.json()["error"]["message"]
+
+
+def test_health_metrics_and_page(gateway: GatewayMesh) -> None:
+    health = httpx.get(f"{gateway.url}/health")
+    assert health.status_code == 200
+    assert health.json()["router_status"] == "SERVING"
+    body = {"model": "tiermesh-small", "messages": MESSAGES, "max_tokens": 4}
+    assert httpx.post(f"{gateway.url}/v1/chat/completions", json=body).status_code == 200
+    metrics = httpx.get(f"{gateway.url}/metrics")
+    assert metrics.headers["content-type"].startswith("text/plain")
+    assert 'tiermesh_gateway_requests_total{model="tiermesh-small"' in metrics.text
+    page = httpx.get(f"{gateway.url}/")
+    assert page.headers["content-type"].startswith("text/html")
+    assert "/v1/chat/completions" in page.text
+    assert "http://" not in page.text and "https://" not in page.text  # nothing external
+
+
+def test_client_leaving_cancels_the_router_call(gateway: GatewayMesh) -> None:
+    before = {tier: gateway.wait_idle(tier).completed for tier in ("small", "large")}
+    body = {
+        "model": "tiermesh-progressive",
+        "messages": MESSAGES,
+        "stream": True,
+        "max_tokens": 400,
+        "tiermesh": {"revisions": True},
+    }
+    with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body) as response:
+        for line in response.iter_lines():
+            if '"content":"' in line and '"content":""' not in line:
+                break  # the first draft text: leave
+    for tier in ("small", "large"):
+        status = gateway.wait_idle(tier)
+        assert status.running == 0
+        assert status.completed == before[tier], f"{tier} finished instead of being cancelled"

@@ -1,0 +1,156 @@
+"""The gateway through the real `openai` client: streaming and not, usage, models, error
+mapping and the revisions opt-in, against a real router and torch tiers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.integration.gateway_mesh import GatewayMesh, module_gateway
+
+PROMPT = [{"role": "user", "content": "What is your return policy?"}]
+MODELS = ["tiermesh-routed", "tiermesh-progressive", "tiermesh-small", "tiermesh-medium"]
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
+) -> Iterator[GatewayMesh]:
+    yield from module_gateway(tmp_path_factory.mktemp("tiny-model-large"), tiny_model_dir)
+
+
+def client(gateway: GatewayMesh) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0)
+
+
+def streamed_text(gateway: GatewayMesh, model: str, **options: object) -> tuple[str, list]:
+    stream = client(gateway).chat.completions.create(
+        model=model, messages=PROMPT, stream=True, **options
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, chunks
+
+
+def test_models_lists_modes_and_tiers(gateway: GatewayMesh) -> None:
+    ids = [m.id for m in client(gateway).models.list()]
+    assert ids == [*MODELS, "tiermesh-large"]
+
+
+@pytest.mark.parametrize("model", [*MODELS, "tiermesh-large"])
+def test_streamed_text_equals_the_non_streamed_answer(gateway: GatewayMesh, model: str) -> None:
+    answer = client(gateway).chat.completions.create(model=model, messages=PROMPT, max_tokens=24)
+    text, chunks = streamed_text(gateway, model, max_tokens=24)
+    assert answer.object == "chat.completion"
+    assert answer.choices[0].message.role == "assistant"
+    assert answer.choices[0].message.content
+    assert text == answer.choices[0].message.content
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    assert answer.usage is not None and answer.usage.completion_tokens >= 1
+    assert {c.id for c in chunks} == {chunks[0].id}
+    assert chunks[-1].choices[0].finish_reason == answer.choices[0].finish_reason
+
+
+def test_progressive_plain_stream_is_the_refined_answer(gateway: GatewayMesh) -> None:
+    answer = client(gateway).chat.completions.create(
+        model="tiermesh-progressive",
+        messages=PROMPT,
+        max_tokens=16,
+        extra_body={"tiermesh": {"revisions": True}},
+    )
+    extra = answer.model_extra["tiermesh"]
+    assert (extra["revision"], extra["tier"], extra["revisions"]) == (1, "large", 2)
+    assert extra["route"]["tiers"] == ["small", "large"]
+    text, _ = streamed_text(gateway, "tiermesh-progressive", max_tokens=16)
+    assert text == answer.choices[0].message.content
+
+
+def test_include_usage_adds_a_final_usage_chunk(gateway: GatewayMesh) -> None:
+    _, chunks = streamed_text(
+        gateway, "tiermesh-small", max_tokens=12, stream_options={"include_usage": True}
+    )
+    last = chunks[-1]
+    assert last.choices == []
+    assert last.usage is not None
+    assert last.usage.completion_tokens == 12
+    assert last.usage.total_tokens == last.usage.prompt_tokens + 12
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_revisions_opt_in_through_extra_body(gateway: GatewayMesh) -> None:
+    _, chunks = streamed_text(
+        gateway,
+        "tiermesh-progressive",
+        max_tokens=16,
+        extra_body={"tiermesh": {"revisions": True}},
+    )
+    infos = [c.model_extra["tiermesh"] for c in chunks if c.model_extra.get("tiermesh")]
+    revisions = [i for i in infos if not i.get("final")]
+    assert {(i["revision"], i["tier"], i["replaces"]) for i in revisions} == {
+        (0, "small", None),
+        (1, "large", 0),
+    }
+    texts: dict[int, str] = {}
+    for c in chunks:
+        info = c.model_extra.get("tiermesh")
+        if info and not info.get("final") and c.choices:
+            texts[info["revision"]] = texts.get(info["revision"], "") + (
+                c.choices[0].delta.content or ""
+            )
+    final = infos[-1]
+    assert final["final"] is True
+    assert final["revision"] == 1 and final["tier"] == "large"
+    assert final["reason"]
+    assert final["route"]["policy"]
+    assert final["timings"]["time_to_first_draft_ms"] <= final["timings"]["time_to_final_ms"]
+    kept = next(i["kept_prefix_chars"] for i in revisions if i["revision"] == 1)
+    assert texts[0][:kept] == texts[1][:kept]
+    assert texts[0] != texts[1]
+
+
+@pytest.mark.parametrize(
+    ("options", "param"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_completion_tokens": -3}, "max_completion_tokens"),
+        ({"max_tokens": 100000}, "max_tokens"),  # the router's limit, relayed
+        ({"temperature": 3.0}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"seed": -1}, "seed"),
+        ({"stop": ["\n"]}, "stop"),
+        ({"n": 2}, "n"),
+    ],
+)
+def test_bad_request_is_a_400_naming_the_field(
+    gateway: GatewayMesh, options: dict, param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(gateway).chat.completions.create(model="tiermesh-small", messages=PROMPT, **options)
+    assert caught.value.status_code == 400
+    error = caught.value.body
+    assert isinstance(error, dict)
+    assert error["param"] == param
+    assert error["type"] == "invalid_request_error"
+    assert param in error["message"]
+
+
+def test_unknown_model_is_404(gateway: GatewayMesh) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        client(gateway).chat.completions.create(model="gpt-4o", messages=PROMPT)
+    assert caught.value.body["code"] == "model_not_found"
+
+
+def test_sampling_options_are_honoured(gateway: GatewayMesh) -> None:
+    options = {"temperature": 0.9, "top_p": 0.9, "seed": 1234, "max_tokens": 12, "user": "u-1"}
+    first, second = (
+        client(gateway).chat.completions.create(model="tiermesh-small", messages=PROMPT, **options)
+        for _ in range(2)
+    )
+    greedy = client(gateway).chat.completions.create(
+        model="tiermesh-small", messages=PROMPT, max_tokens=12
+    )
+    assert first.choices[0].message.content == second.choices[0].message.content
+    assert first.choices[0].message.content != greedy.choices[0].message.content
