@@ -2,8 +2,9 @@
 request together, one token per request per step, over a KV-cache pool allocated at start.
 
 A new request joins between steps (its prompt prefilled alone into a free slot); a finished or
-stopped one leaves at once and frees its slot. Knows torch and the pooled GPT-2 passes; nothing
-of asyncio or gRPC: results leave through each request's ChunkSink.
+stopped one leaves at once and frees its slot. Knows torch and an architecture's pooled passes
+(pooled_models.py: GPT-2, the Llama family); nothing of asyncio or gRPC: results leave through
+each request's ChunkSink.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from services.tier import gpt2_pooled
 from services.tier.chunking import ChunkAssembler, ChunkSink
 from services.tier.decode import choose_token
 from services.tier.kv_pool import KvCachePool
 from services.tier.model_loading import LoadedModel
+from services.tier.pooled_models import PooledPasses
 from services.tier.prepared_request import PreparedRequest
 
 log = logging.getLogger(__name__)
@@ -48,9 +49,14 @@ class BatchScheduler:
     """
 
     def __init__(
-        self, loaded: LoadedModel, pool: KvCachePool, prefill_tokens_per_step: int = 512
+        self,
+        loaded: LoadedModel,
+        passes: PooledPasses,
+        pool: KvCachePool,
+        prefill_tokens_per_step: int = 512,
     ) -> None:
         self._loaded = loaded
+        self._passes = passes
         self._pool = pool
         # Between two decode steps, waiting requests are prefilled while their prompt tokens
         # fit this budget (at least one): a burst starts together, yet running streams are
@@ -125,7 +131,7 @@ class BatchScheduler:
         sequence.slot = self._pool.acquire()
         self._active[sequence.slot] = sequence
         try:
-            logits = gpt2_pooled.prefill(
+            logits = self._passes.prefill(
                 self._loaded.model, self._pool, sequence.slot, list(sequence.prepared.prompt_ids)
             )
         except Exception as e:
@@ -138,7 +144,7 @@ class BatchScheduler:
     def _step(self) -> None:
         slots = list(self._active)
         tokens = [self._active[s].next_token for s in slots]
-        logits = gpt2_pooled.decode_step(self._loaded.model, self._pool, slots, tokens)  # (B, V)
+        logits = self._passes.decode_step(self._loaded.model, self._pool, slots, tokens)  # (B, V)
         self._pool.note_use()
         self.steps += 1
         self.batched_tokens += len(slots)

@@ -14,16 +14,17 @@ import torch.nn.functional as F
 
 from services.tier.kv_pool import KvCachePool
 
+MODEL_TYPES = frozenset({"gpt2"})
 
-def supports(model: Any) -> bool:
-    """True for the GPT-2 configurations these passes reproduce exactly."""
+
+def unsupported(model: Any, max_len: int) -> str | None:
+    """None for the GPT-2 configurations these passes reproduce exactly, else why not."""
     config = model.config
-    return bool(
-        config.model_type == "gpt2"
-        and config.scale_attn_weights
-        and not config.scale_attn_by_inverse_layer_idx
-        and not config.reorder_and_upcast_attn
-    )
+    if not config.scale_attn_weights:
+        return "scale_attn_weights is off"
+    if config.scale_attn_by_inverse_layer_idx or config.reorder_and_upcast_attn:
+        return "per-layer attention scaling or upcast reordering is on"
+    return None
 
 
 def create_pool(model: Any, slots: int, max_len: int) -> KvCachePool:
@@ -58,13 +59,12 @@ def prefill(model: Any, pool: KvCachePool, slot: int, prompt_ids: list[int]) -> 
     for layer, block in enumerate(gpt.h):
         q, k, v = block.attn.c_attn(block.ln_1(x)).split(width, dim=2)  # 3 x (1, T, C)
         q, k, v = (_split_heads(t, heads) for t in (q, k, v))  # (1, nh, T, hs)
-        pool.keys[layer, slot, :, :steps] = k[0]
-        pool.values[layer, slot, :, :steps] = v[0]
+        pool.store_prompt(layer, slot, k, v)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (1, nh, T, hs)
         y = y.transpose(1, 2).reshape(1, steps, width)  # (1, T, C)
         x = x + block.attn.c_proj(y)
         x = x + block.mlp(block.ln_2(x))
-    pool.lengths[slot] = steps
+    pool.finish_prompt(slot, steps)
     last = gpt.ln_f(x[:, -1:])  # (1, 1, C)
     logits: torch.Tensor = model.lm_head(last)[0, 0]  # (V,)
     return logits
@@ -80,35 +80,17 @@ def decode_step(model: Any, pool: KvCachePool, slots: list[int], tokens: list[in
     gpt = model.transformer
     heads, width = model.config.n_head, model.config.n_embd
     device = gpt.wte.weight.device
-    batch = len(slots)
-    slot_index = torch.tensor(slots, dtype=torch.long, device=device)  # (B,)
-    lengths = [pool.lengths[s] for s in slots]
-    position = torch.tensor(lengths, dtype=torch.long, device=device)  # (B,)
-    window = max(lengths) + 1
-    mask: torch.Tensor | None = None  # every row sees its whole window: no mask needed
-    if min(lengths) != window - 1:
-        mask = torch.arange(window, device=device)[None, :] <= position[:, None]  # (B, W)
-        mask = mask[:, None, None, :]  # (B, 1, 1, W)
-    first = slots[0]
-    contiguous = slots == list(range(first, first + batch))  # then slices are views, not copies
+    step = pool.decode_batch(slots)
     token = torch.tensor(tokens, dtype=torch.long, device=device)[:, None]  # (B, 1)
-    x = gpt.wte(token) + gpt.wpe(position[:, None])  # (B, 1, C)
+    x = gpt.wte(token) + gpt.wpe(step.position[:, None])  # (B, 1, C)
     for layer, block in enumerate(gpt.h):
         q, k, v = block.attn.c_attn(block.ln_1(x)).split(width, dim=2)  # 3 x (B, 1, C)
         q, k, v = (_split_heads(t, heads) for t in (q, k, v))  # (B, nh, 1, hs)
-        pool.keys[layer, slot_index, :, position] = k[:, :, 0]  # (B, nh, hs) into (S, nh, T, hs)
-        pool.values[layer, slot_index, :, position] = v[:, :, 0]
-        if contiguous:
-            keys = pool.keys[layer, first : first + batch, :, :window]  # (B, nh, W, hs)
-            values = pool.values[layer, first : first + batch, :, :window]  # (B, nh, W, hs)
-        else:
-            keys = pool.keys[layer, slot_index, :, :window]  # (B, nh, W, hs)
-            values = pool.values[layer, slot_index, :, :window]  # (B, nh, W, hs)
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (B, nh, 1, hs)
-        y = y.transpose(1, 2).reshape(batch, 1, width)  # (B, 1, C)
+        keys, values = pool.append(layer, step, k, v)  # (B, nh, W, hs)
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)  # (B, nh, 1, hs)
+        y = y.transpose(1, 2).reshape(step.size, 1, width)  # (B, 1, C)
         x = x + block.attn.c_proj(y)
         x = x + block.mlp(block.ln_2(x))
-    for s in slots:
-        pool.lengths[s] += 1
+    pool.finish_step(step)
     logits: torch.Tensor = model.lm_head(gpt.ln_f(x))[:, 0]  # (B, V)
     return logits

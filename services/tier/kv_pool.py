@@ -1,5 +1,7 @@
 """A KV-cache pool allocated once per model: fixed slots, each holding one sequence's keys and
-values up to a maximum length, so memory never grows with load.
+values up to a maximum length, so memory never grows with load. Also the bookkeeping every
+pooled architecture shares: storing a prompt's keys, and one decode step's batch view (write
+each row's new position, read each row's window, the mask for rows shorter than the window).
 
 Knows tensor shapes only: nothing of models' weights, requests or gRPC. Not thread-safe: owned
 by the batch scheduler's thread (reads of the counters from other threads are benign).
@@ -7,11 +9,29 @@ by the batch scheduler's thread (reads of the counters from other threads are be
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
 class PoolFull(Exception):
     """No free slot; the caller waits or sheds the request."""
+
+
+@dataclass(frozen=True)
+class DecodeBatch:
+    """The slots of one decode step, each fed one token at its own position."""
+
+    slots: list[int]
+    slot_index: torch.Tensor  # (B,) the slots as a tensor
+    position: torch.Tensor  # (B,) where each row's new token goes (= its length before)
+    window: int  # positions read this step: the longest row's, new token included
+    mask: torch.Tensor | None  # (B, 1, 1, W) True where a row may attend; None = all rows full
+    contiguous: bool  # slots are first..first+B-1: the pool's slices are views, not copies
+
+    @property
+    def size(self) -> int:
+        return len(self.slots)
 
 
 class KvCachePool:
@@ -26,9 +46,10 @@ class KvCachePool:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        shape = (layers, slots, heads, max_len, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # (L, S, nh, T, hs)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)  # (L, S, nh, T, hs)
+        shape = (layers, slots, heads, max_len, head_dim)  # heads: key/value heads
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # (L, S, nkv, T, hs)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)  # (L, S, nkv, T, hs)
+        self.device = device
         self.slots = slots
         self.max_len = max_len
         self.lengths = [0] * slots  # positions filled per slot
@@ -64,3 +85,54 @@ class KvCachePool:
 
     def note_use(self) -> None:
         self.peak_tokens = max(self.peak_tokens, self.used_tokens)
+
+    def store_prompt(self, layer: int, slot: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Writes one prompt's keys and values (1, nkv, T, hs) at positions [0, T) of `slot`;
+        the slot's length is set by finish_prompt once every layer is written."""
+        steps = keys.shape[2]
+        self.keys[layer, slot, :, :steps] = keys[0]
+        self.values[layer, slot, :, :steps] = values[0]
+
+    def finish_prompt(self, slot: int, steps: int) -> None:
+        self.lengths[slot] = steps
+
+    def decode_batch(self, slots: list[int]) -> DecodeBatch:
+        """The view of one decode step over `slots`: positions, window and mask."""
+        lengths = [self.lengths[s] for s in slots]
+        position = torch.tensor(lengths, dtype=torch.long, device=self.device)  # (B,)
+        window = max(lengths) + 1
+        mask: torch.Tensor | None = None  # every row sees its whole window: no mask needed
+        if min(lengths) != window - 1:
+            mask = torch.arange(window, device=self.device)[None, :] <= position[:, None]  # (B, W)
+            mask = mask[:, None, None, :]  # (B, 1, 1, W)
+        first = slots[0]
+        return DecodeBatch(
+            slots=slots,
+            slot_index=torch.tensor(slots, dtype=torch.long, device=self.device),
+            position=position,
+            window=window,
+            mask=mask,
+            contiguous=slots == list(range(first, first + len(slots))),
+        )
+
+    def append(
+        self, layer: int, batch: DecodeBatch, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Writes each row's new key and value (B, nkv, 1, hs) at its position and returns every
+        row's window of keys and values (B, nkv, W, hs), the new position included."""
+        index, position = batch.slot_index, batch.position
+        self.keys[layer, index, :, position] = keys[:, :, 0]  # (B, nkv, hs) into (S, nkv, T, hs)
+        self.values[layer, index, :, position] = values[:, :, 0]
+        if batch.contiguous:
+            first, end = batch.slots[0], batch.slots[0] + batch.size
+            window_keys = self.keys[layer, first:end, :, : batch.window]  # (B, nkv, W, hs)
+            window_values = self.values[layer, first:end, :, : batch.window]
+        else:
+            window_keys = self.keys[layer, index, :, : batch.window]  # (B, nkv, W, hs)
+            window_values = self.values[layer, index, :, : batch.window]
+        return window_keys, window_values
+
+    def finish_step(self, batch: DecodeBatch) -> None:
+        """Every slot of the step grew by one position."""
+        for s in batch.slots:
+            self.lengths[s] += 1

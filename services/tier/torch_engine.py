@@ -1,15 +1,17 @@
 """The torch engine: a local Hugging Face causal LM on CPU or CUDA, streamed token by token.
 
-GPT-2 models run with continuous batching over a KV-cache pool allocated at start
-(batch_scheduler.py); other architectures, or `batching = false`, decode each request on its
-own worker thread with its own cache (decode.py). Chunks cross from those threads to the event
-loop through a typed ChunkChannel. Prompt limits, admission, usage and health are the shared
-engine lifecycle's (engine_lifecycle.py). Knows nothing of gRPC.
+GPT-2 and Llama-family models run with continuous batching over a KV-cache pool allocated at
+start (batch_scheduler.py, pooled_models.py); other architectures, or `batching = false`, decode
+each request on its own worker thread with its own cache (decode.py), and the log says why.
+Chunks cross from those threads to the event loop through a typed ChunkChannel. Prompt limits,
+admission, usage and health are the shared engine lifecycle's (engine_lifecycle.py). Knows
+nothing of gRPC.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +20,6 @@ from dataclasses import replace
 import torch
 
 from services.common.config import TierConfig
-from services.tier import gpt2_pooled
 from services.tier.batch_scheduler import BatchScheduler, Sequence
 from services.tier.chunk_channel import ChunkChannel
 from services.tier.chunking import ChunkAssembler, ChunkSink
@@ -27,7 +28,10 @@ from services.tier.engine import GenerationChunk
 from services.tier.engine_lifecycle import EngineLifecycle, ModelFootprint
 from services.tier.kv_pool import KvCachePool
 from services.tier.model_loading import LoadedModel, load_causal_lm
+from services.tier.pooled_models import pooled_passes
 from services.tier.prepared_request import PreparedRequest, PromptFormat
+
+log = logging.getLogger(__name__)
 
 
 class TorchEngine(EngineLifecycle):
@@ -58,15 +62,28 @@ class TorchEngine(EngineLifecycle):
         loaded = await loop.run_in_executor(
             self._torch_thread, load_causal_lm, cfg.model_path, cfg.device, cfg.dtype
         )
-        if cfg.batching and gpt2_pooled.supports(loaded.model):
-            max_len = min(cfg.kv_max_len or loaded.context_length, loaded.context_length)
+        max_len = pool_positions(cfg, loaded.context_length)
+        passes = pooled_passes(loaded.model, max_len) if cfg.batching else "batching = false"
+        if not isinstance(passes, str):
             loaded = replace(loaded, context_length=max_len)
             self._pool = await loop.run_in_executor(
-                self._torch_thread, gpt2_pooled.create_pool, loaded.model, cfg.max_running, max_len
+                self._torch_thread, passes.create_pool, loaded.model, cfg.max_running, max_len
             )
-            self._scheduler = BatchScheduler(loaded, self._pool, cfg.prefill_tokens_per_step)
+            self._scheduler = BatchScheduler(
+                loaded, passes, self._pool, cfg.prefill_tokens_per_step
+            )
             self._scheduler.start(self._torch_thread)
+            log.info(
+                "tier %s: continuous batching (%s) over a KV pool of %d slots x %d positions, "
+                "%.1f MB",
+                cfg.name,
+                passes.architecture,
+                cfg.max_running,
+                max_len,
+                self._pool.bytes / 1e6,
+            )
         else:
+            log.info("tier %s: one decode thread per request (%s)", cfg.name, passes)
             self._executor = ThreadPoolExecutor(
                 max_workers=cfg.max_running, thread_name_prefix=f"decode-{cfg.name}"
             )
@@ -169,10 +186,22 @@ class TorchEngine(EngineLifecycle):
             await asyncio.to_thread(self._torch_thread.shutdown, wait=True)
 
 
+def pool_positions(config: TierConfig, context_length: int) -> int:
+    """Positions per KV-pool slot: `kv_max_len` when set, else the longest sequence the tier
+    admits (max_prompt_tokens + max_tokens), never past the model's context. A model with a long
+    context (8k) gets a pool sized by what the tier serves, not by what the model could attend."""
+    wanted = config.kv_max_len or config.max_prompt_tokens + config.max_tokens
+    return min(wanted, context_length)
+
+
 def _kv_bytes_per_token(loaded: LoadedModel) -> int:
-    """Bytes of keys and values one token position takes across all layers."""
+    """Bytes of keys and values one token position takes across all layers (key/value heads
+    only, for grouped-query attention)."""
     config = loaded.model.config
     layers = int(getattr(config, "n_layer", getattr(config, "num_hidden_layers", 0)))
     width = int(getattr(config, "n_embd", getattr(config, "hidden_size", 0)))
+    heads = int(getattr(config, "n_head", getattr(config, "num_attention_heads", 1)))
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or width // heads)
     element = int(next(loaded.model.parameters()).element_size())
-    return 2 * layers * width * element
+    return 2 * layers * kv_heads * head_dim * element
