@@ -1,7 +1,8 @@
 """Kubernetes manifests for the whole mesh from one topology: per tier cluster (model version) a
 Deployment and a headless Service, per tier a ClusterIP Service, the router and the control plane
 (with the topology in a ConfigMap), all with native `grpc:` probes, requests and limits, a
-non-root read-only securityContext and a Service port named `grpc`.
+non-root read-only securityContext and a Service port named `grpc`; and the HTTP gateway
+(OpenAI API and chat page) with `httpGet /health` probes and a Service port named `http`.
 
 In the cluster the topology's endpoints become the headless Services' DNS names, which the control
 plane resolves to pod IPs. Plain dictionaries; knows nothing of xDS messages or serving.
@@ -16,11 +17,13 @@ from typing import Any
 import yaml
 
 from mesh.bootstrap import BOOTSTRAP_CONFIG_ENV, grpc_bootstrap
-from mesh.topology import Cluster, Endpoint, Topology, dump_yaml, xds_target
+from mesh.topology import Cluster, Endpoint, Resources, Topology, dump_yaml, xds_target
 
 APP = "tiermesh"
 TOPOLOGY_MOUNT = "/etc/tiermesh"
 RUN_AS_USER = 10001
+GATEWAY_PORT = 8080
+GATEWAY_RESOURCES = Resources("500m", "256Mi")
 
 
 def _port(address: str) -> int:
@@ -208,9 +211,40 @@ def manifests(topology: Topology) -> list[dict[str, Any]]:
     ]
     objects.append(_deployment("tiermesh-router", router_labels, 1, router))
     objects.append(_service("tiermesh-router", router_labels, router_port))
+    objects += _gateway_objects(topology, _service_host("tiermesh-router", namespace), router_port)
     for item in objects[1:]:
         item["metadata"]["namespace"] = namespace
     return objects
+
+
+def _gateway_objects(
+    topology: Topology, router_host: str, router_port: int
+) -> list[dict[str, Any]]:
+    """The HTTP gateway's Deployment and Service: an HTTP port and `/health` probes (ready once
+    the router answers), calling the router's Service over gRPC."""
+    labels = _labels("gateway")
+    command = [
+        "python", "-m", "services.gateway", "--host", "0.0.0.0", "--port", str(GATEWAY_PORT),
+        "--router", f"{router_host}:{router_port}",
+    ]  # fmt: skip
+    container = _container("gateway", command, GATEWAY_PORT, topology, "gateway")
+    container["ports"] = [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}]
+    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5}
+    container["readinessProbe"] = {**probe, "initialDelaySeconds": 2}
+    container["livenessProbe"] = {
+        "tcpSocket": {"port": "http"},
+        "periodSeconds": 5,
+        "initialDelaySeconds": 10,
+        "failureThreshold": 6,
+    }
+    if "gateway" not in topology.kubernetes.resources:
+        limits = {"cpu": GATEWAY_RESOURCES.cpu, "memory": GATEWAY_RESOURCES.memory}
+        container["resources"] = {"requests": limits, "limits": dict(limits)}
+    service = _service("tiermesh-gateway", labels, GATEWAY_PORT)
+    service["spec"]["ports"] = [
+        {"name": "http", "port": GATEWAY_PORT, "targetPort": "http", "protocol": "TCP"}
+    ]
+    return [_deployment("tiermesh-gateway", labels, 1, container), service]
 
 
 def manifests_yaml(topology: Topology) -> str:

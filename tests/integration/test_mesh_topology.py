@@ -131,18 +131,23 @@ def test_kubernetes_manifests_validate_against_the_schemas() -> None:
     assert ("Deployment", "tier-large-v2") in kinds and ("Service", "tier-large") in kinds
     assert ("Deployment", "tiermesh-control-plane") in kinds
     assert ("Deployment", "tiermesh-router") in kinds
+    assert ("Deployment", "tiermesh-gateway") in kinds and ("Service", "tiermesh-gateway") in kinds
     for item in objects:
+        http = item["metadata"]["name"] == "tiermesh-gateway"  # the HTTP gateway
         if item["kind"] == "Deployment":
             pod = item["spec"]["template"]["spec"]
             container = pod["containers"][0]
             assert pod["securityContext"]["runAsNonRoot"] is True
-            assert (
-                container["readinessProbe"]["grpc"]["port"]
-                == container["ports"][0]["containerPort"]
-            )
+            if http:
+                assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+            else:
+                assert (
+                    container["readinessProbe"]["grpc"]["port"]
+                    == container["ports"][0]["containerPort"]
+                )
             assert container["resources"]["limits"]
         if item["kind"] == "Service":
-            assert item["spec"]["ports"][0]["name"] == "grpc"
+            assert item["spec"]["ports"][0]["name"] == ("http" if http else "grpc")
     config_map = next(o for o in objects if o["kind"] == "ConfigMap")
     in_cluster = parse_topology(config_map["data"]["topology.yaml"])
     assert in_cluster.tiers[0].clusters[0].endpoints[0].host.endswith(".svc.cluster.local")
