@@ -35,6 +35,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         device=args.device,
         demo_prompt=None if args.no_demo else args.demo_prompt,
         mesh=args.mesh,
+        http_port=args.http_port,
     )
 
 
@@ -78,6 +79,11 @@ def register_run(commands: Any) -> None:
         "--base-port",
         type=int,
         help="router on BASE, tiers on BASE+10..12 (default: router 50051, tiers 50061-50063)",
+    )
+    run.add_argument(
+        "--http-port",
+        type=int,
+        help="HTTP gateway (OpenAI API, chat page) port; default 8080, or BASE+40 with --base-port",
     )
     run.add_argument(
         "--mesh",

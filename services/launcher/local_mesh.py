@@ -1,5 +1,6 @@
-"""`tiermesh run`: starts the three tiers and the router as child processes on this machine,
-waits for them to be healthy, shows one streamed answer, and stops them all on Ctrl-C/SIGTERM.
+"""`tiermesh run`: starts the three tiers, the router and the HTTP gateway (OpenAI API and chat
+page) as child processes on this machine, waits for them to be healthy, shows one streamed
+answer, and stops them all on Ctrl-C/SIGTERM.
 With `--mesh` it also starts the xDS control plane on a topology generated for the ports in use,
 and the router reaches the tiers through `xds:///tier-<name>` targets.
 
@@ -15,6 +16,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +43,7 @@ class Child:
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
     env: dict[str, str] | None = None  # added to this process's environment
+    health_url: str | None = None  # HTTP health endpoint; None = gRPC health at `address`
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -63,8 +67,10 @@ class Child:
             return ""
 
 
-# `--base-port B` layout: router B, tiers B+10..12, metrics B+20..23, control plane B+30.
-BASE_PORT_OFFSETS = (0, 10, 11, 12, 20, 21, 22, 23, 30)
+# `--base-port B` layout: router B, tiers B+10..12, metrics B+20..23, control plane B+30,
+# HTTP gateway B+40 (else --http-port, default 8080).
+BASE_PORT_OFFSETS = (0, 10, 11, 12, 20, 21, 22, 23, 30, 40)
+DEFAULT_HTTP_PORT = 8080
 
 
 def free_base_port(attempts: int = 50) -> int:
@@ -95,9 +101,10 @@ def plan_children(
     device: str | None,
     run_dir: Path,
     mesh: bool = False,
+    http_port: int | None = None,
 ) -> list[Child]:
-    """The processes to start (the router last); raises ConfigError if a model folder is
-    missing."""
+    """The processes to start (the gateway, then the router last); raises ConfigError if a
+    model folder is missing."""
     children = []
     tier_targets = []
     tier_ports = {}
@@ -130,6 +137,7 @@ def plan_children(
             tier_ports, router_port, run_dir
         )
         children.append(control_plane)
+    children.append(_plan_gateway(base_port, http_port, router_address, run_dir))
     children.append(
         Child(
             "router",
@@ -140,6 +148,19 @@ def plan_children(
         )
     )
     return children
+
+
+def _plan_gateway(
+    base_port: int | None, http_port: int | None, router_address: str, run_dir: Path
+) -> Child:
+    """The HTTP gateway child: on --http-port, else BASE+40 with --base-port, else 8080."""
+    if http_port is None:
+        http_port = DEFAULT_HTTP_PORT if base_port is None else base_port + 40
+    command = [sys.executable, "-m", "services.gateway", "--port", str(http_port)]
+    command += ["--router", router_address]
+    address = f"127.0.0.1:{http_port}"
+    health = f"http://{address}/health"
+    return Child("gateway", address, command, run_dir / "gateway.log", health_url=health)
 
 
 def _plan_control_plane(
@@ -172,7 +193,11 @@ def wait_healthy(children: list[Child], console: Console) -> bool:
                     console.print(f"[red]{name} exited with code {code}[/red]; log tail:")
                     console.print(child.log_tail(), markup=False)
                     return False
-                if is_serving(child.address):
+                if (
+                    is_http_healthy(child.health_url)
+                    if child.health_url
+                    else is_serving(child.address)
+                ):
                     del pending[name]
                     console.print(f"[green]✓[/green] {name} serving on {child.address}")
             status.update(f"waiting for {', '.join(pending)}…")
@@ -191,6 +216,15 @@ def is_serving(address: str) -> bool:
             response = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=0.5)
             return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
     except grpc.RpcError:
+        return False
+
+
+def is_http_healthy(url: str) -> bool:
+    """True when GET `url` answers 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=0.5) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
         return False
 
 
@@ -236,6 +270,7 @@ def run_mesh(
     demo_prompt: str | None,
     console: Console | None = None,
     mesh: bool = False,
+    http_port: int | None = None,
 ) -> int:
     console = console or Console()
     run_dir = Path(env.run_dir())
@@ -243,7 +278,9 @@ def run_mesh(
     os.environ.setdefault("TIERMESH_TRACE_FILE", str(run_dir / "traces.jsonl"))
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        children = plan_children(base_port, models, device, run_dir / "logs", mesh=mesh)
+        children = plan_children(
+            base_port, models, device, run_dir / "logs", mesh=mesh, http_port=http_port
+        )
     except ConfigError as e:
         console.print(f"[red]tiermesh run:[/red] {e}")
         return 2
@@ -297,6 +334,10 @@ def _print_addresses(children: list[Child], run_dir: Path, console: Console) -> 
     router = children[-1].address
     flag = "" if router == env.DEFAULT_ROUTER_ADDRESS else f" --router {router}"
     console.print(f'try: [bold]tiermesh chat{flag} --mode progressive "Where is my order?"[/bold]')
+    gateway = next((c for c in children if c.name == "gateway"), None)
+    if gateway is not None:
+        console.print(f"chat page: [bold]http://{gateway.address}/[/bold]")
+        console.print(f"OpenAI API: http://{gateway.address}/v1 (model tiermesh-progressive, ...)")
 
 
 def _demo(router: str, prompt: str, console: Console) -> None:
