@@ -100,6 +100,19 @@ class RouterConfig:
     ttft_slo_ms: dict[str, float] = field(default_factory=dict)  # per tier; absent = no SLO
     first_token_timeout_ms: int = 0  # start the fallback tier if no token by then; 0 = off
     load_watch_interval_ms: int = 250  # how often tiers push their load to the router
+    # Health-aware routing: a tier whose last load report is older than this, whose WatchLoad
+    # or health stream broke, or whose health says NOT_SERVING (draining) takes no new calls.
+    load_stale_ms: int = 1000
+    # Passive ejection (outlier detection): after this many consecutive failed calls a tier is
+    # ejected for ejection_base_ms x 2^(times ejected before), at most ejection_max_ms; then
+    # one probe call is let through, and its outcome ends or renews the ejection.
+    eject_after_failures: int = 3
+    ejection_base_ms: int = 1000
+    ejection_max_ms: int = 30000
+    # Deadlines: a tier call carries the client's remaining deadline, or this when the client
+    # set none; a call with no chunk for stall_timeout_ms (first chunk included) has failed.
+    tier_call_timeout_s: float = 300.0
+    stall_timeout_ms: int = 10000
     large_queue_limit: int = 8  # threshold policies: large only while its queue is shorter
     # Relative cost per output token of each tier (large = 1), for cost-aware policies.
     tier_costs: dict[str, float] = field(
@@ -138,6 +151,20 @@ class RouterConfig:
         _require(
             50 <= self.load_watch_interval_ms <= 60000, "load_watch_interval_ms", "in [50, 60000]"
         )
+        _require(
+            self.load_stale_ms > self.load_watch_interval_ms,
+            "load_stale_ms",
+            "must be > load_watch_interval_ms",
+        )
+        _require(self.eject_after_failures >= 1, "eject_after_failures", "must be >= 1")
+        _require(self.ejection_base_ms >= 1, "ejection_base_ms", "must be >= 1")
+        _require(
+            self.ejection_max_ms >= self.ejection_base_ms,
+            "ejection_max_ms",
+            "must be >= ejection_base_ms",
+        )
+        _require(self.tier_call_timeout_s > 0, "tier_call_timeout_s", "must be > 0")
+        _require(self.stall_timeout_ms >= 1, "stall_timeout_ms", "must be >= 1")
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,31 @@ from services.common.errors import TiermeshError
 
 log = logging.getLogger(__name__)
 
+# Keepalive: every server pings idle connections and accepts the pings of CHANNEL_OPTIONS
+# clients (a server refuses pings more frequent than min_recv_ping_interval with GOAWAY).
+KEEPALIVE_SERVER_OPTIONS = [
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
 SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
     ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+    *KEEPALIVE_SERVER_OPTIONS,
+]
+# Client channels between services: a peer that stops answering pings (hung, or its host gone)
+# fails its calls within keepalive_time + keepalive_timeout, and a restarted peer is found again
+# within max_reconnect_backoff instead of gRPC's default of up to two minutes.
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
 
 

@@ -24,6 +24,10 @@ class ChatPlan:
     decision: router_pb2.RouteDecision
     fallback_tier: str | None = None  # ROUTED/PINNED: started if the first token is late
     first_token_timeout_s: float = 0.0  # 0 = no timeout fallback
+    # Where a failed call moves on, in order (each tier at most once per chat): ROUTED/PINNED
+    # continue their answer there; PROGRESSIVE uses them for a failed refinement.
+    fallbacks: tuple[str, ...] = ()
+    retry_first_token: bool = False  # a call failing before its first token moves on unseen
     gate: str = "always"  # PROGRESSIVE: "always", "race" or "cascade"
     min_confidence: float = 0.0  # PROGRESSIVE: a draft at least this confident is kept
     choice: RouteChoice | None = None  # the policy's view of the request (for learning)

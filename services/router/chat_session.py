@@ -8,6 +8,12 @@ tiers together, streams the draft as revision 0, then the refinement as revision
 if the refinement fails or runs over its budget, the draft is the answer. Every upstream call
 still running when the session ends (client gone, error, deadline) is cancelled.
 
+Failover (the plan's `fallbacks`, each tier at most once): a call that fails before its first
+chunk (ROUTED, and any refinement) is retried once on the next tier unseen, in the same
+revision; a call that fails after streaming goes on on the next tier as a new revision that
+replaces the broken one, its kept prefix computed against the text the client already has.
+Final.reason says what happened. A call with no chunk for the stall timeout has failed.
+
 Knows the tier calls and the wire events; knows nothing of telemetry or learning, which watch the
 events it yields (chat_events.py).
 """
@@ -16,12 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from tiermesh.v1 import common_pb2, router_pb2, tier_pb2
+from tiermesh.v1 import router_pb2, tier_pb2
 
 from services.router.chat_events import (
     RefinementSettled,
@@ -29,29 +34,19 @@ from services.router.chat_events import (
     TierCallEnded,
     TierCallOpening,
 )
+from services.router.chat_outcomes import (
+    FAILOVER_CODES,
+    Answer,
+    RevisionOutcome,
+    UpstreamFailed,
+    describe,
+    final_event,
+)
 from services.router.chat_plan import ChatPlan, SessionClock
 from services.router.revisions import KeptPrefix, delta, revision_end, revision_start
 from services.router.tier_calls import TierCall, TierClient
 
 FINAL_MARGIN_S = 0.05  # time kept back from the client's deadline to send Final after a refine
-
-
-class UpstreamFailed(Exception):
-    """A tier failed and no other answer is left; relayed to the client with the tier's code."""
-
-    def __init__(self, tier: str, error: grpc.aio.AioRpcError) -> None:
-        super().__init__(f"tier {tier}: {error.details()}")
-        self.code: grpc.StatusCode = error.code()
-        self.details = f"tier {tier}: {error.details()}"
-
-
-@dataclass
-class RevisionOutcome:
-    started: bool = False  # RevisionStart was sent
-    complete: bool = False  # the tier finished normally
-    error: grpc.aio.AioRpcError | None = None
-
-
 Chunks = AsyncIterator[tier_pb2.GenerateChunk]
 
 
@@ -65,10 +60,17 @@ class ChatSession:
         refine_budget_s: float,
         time_remaining_s: float | None,
         clock: SessionClock,
+        call_timeout_s: float | None = None,
+        stall_s: float | None = None,
     ) -> None:
+        """Tier calls carry the client's deadline, else `call_timeout_s` (None: none); a call
+        with no chunk for `stall_s` fails (None: never)."""
         self._plan = plan
         self._tiers = tiers
         self._refine_budget_s = refine_budget_s
+        self._call_timeout_s = call_timeout_s
+        self._stall_s = stall_s
+        self._refine_deadline: float | None = None
         self._deadline = None if time_remaining_s is None else clock.start + time_remaining_s
         self._clock = clock
         self._calls: list[TierCall] = []
@@ -92,8 +94,16 @@ class ChatSession:
             for call in self._calls:
                 call.cancel()
 
+    def _client_remaining_s(self) -> float | None:
+        """Seconds left of the client's deadline; None when it set none."""
+        if self._deadline is None:
+            return None
+        return max(0.001, self._deadline - time.perf_counter())
+
     def _remaining_s(self) -> float | None:
-        return None if self._deadline is None else max(0.001, self._deadline - time.perf_counter())
+        """The timeout of a tier call: the client's deadline, else the configured default."""
+        remaining = self._client_remaining_s()
+        return self._call_timeout_s if remaining is None else remaining
 
     def _opening(self, tier: str) -> TierCallOpening:
         return TierCallOpening(tier, f"{self._plan.request_id}/{tier}")
@@ -103,7 +113,9 @@ class ChatSession:
         request = tier_pb2.GenerateRequest()
         request.CopyFrom(self._plan.generate)
         request.request_id = opening.request_id
-        call = TierCall(self._tiers, opening.tier, request, timeout_s, opening.metadata)
+        call = TierCall(
+            self._tiers, opening.tier, request, timeout_s, opening.metadata, self._stall_s
+        )
         self._calls.append(call)
         return call
 
@@ -145,14 +157,61 @@ class ChatSession:
                         f"{plan.first_token_timeout_s * 1000:.0f} ms; answered by {backup.tier}"
                     )
                 call = winner
-        outcome = RevisionOutcome()
-        async for event in self._stream_revision(call, 0, None, outcome, chunks):
+        result = Answer(call, 0)
+        retry = plan.retry_first_token
+        async for event in self._with_failover(result, None, retry, self._remaining_s, chunks):
             yield event
-        if not outcome.complete:
-            assert outcome.error is not None
-            raise UpstreamFailed(call.tier, outcome.error)
-        for event in self._final(call, 0, reason):
+        if not result.complete:
+            assert result.error is not None
+            raise UpstreamFailed(result.call.tier, result.error)
+        if result.notes:
+            reason = "; ".join([*result.notes, f"answered by {result.call.tier}"])
+        for event in self._final(result.call, result.revision, reason):
             yield event
+
+    async def _with_failover(
+        self,
+        result: Answer,
+        previous: str | None,
+        retry_first: bool,
+        timeout_s: Callable[[], float | None],
+        chunks: Chunks | None = None,
+    ) -> AsyncIterator[SessionEvent]:
+        """Streams `result.call` as `result.revision` (replacing `previous`, the text the client
+        has of the revision before, if any); when it fails, moves on along the plan's fallbacks
+        (see the module's docstring). `result` holds where it ended."""
+        call = result.call
+        while True:
+            outcome = RevisionOutcome()
+            async for event in self._stream_revision(
+                call, result.revision, previous, outcome, chunks
+            ):
+                yield event
+            chunks = None
+            result.call, result.complete, result.error = call, outcome.complete, outcome.error
+            error = outcome.error
+            called = {c.tier for c in self._calls}
+            left = [tier for tier in self._plan.fallbacks if tier not in called]
+            if error is None or error.code() not in FAILOVER_CODES or not left:
+                return
+            if outcome.started:
+                result.notes.append(
+                    f"{call.tier} failed after {len(call.text)} characters ({describe(error)}); "
+                    f"{left[0]} went on as revision {result.revision + 1}"
+                )
+                previous = call.text
+                result.revision += 1
+            elif retry_first:
+                result.notes.append(
+                    f"{call.tier} failed before its first token ({describe(error)}); "
+                    f"retried on {left[0]}"
+                )
+                retry_first = False
+            else:
+                return
+            opening = self._opening(left[0])
+            yield opening
+            call = self._open(opening, timeout_s())
 
     async def _first_chunk_race(
         self, call: TierCall, chunks: Chunks, first: asyncio.Future[Any], backup: TierCall
@@ -200,28 +259,34 @@ class ChatSession:
             refine = self._open(opening, self._refine_timeout_s())
         if not first.started:  # the draft tier failed before any output: refine answers alone
             assert first.error is not None
-            alone = RevisionOutcome()
-            async for event in self._stream_revision(refine, 0, None, alone):
+            alone = Answer(refine, 0)
+            async for event in self._with_failover(alone, None, True, self._refine_timeout_s):
                 yield event
             if not alone.complete:
                 raise UpstreamFailed(draft_tier, first.error)
-            reason = f"draft tier {draft_tier} failed ({_describe(first.error)}); answered by "
-            for event in self._final(refine, 0, reason + refine_tier):
+            notes = [f"draft tier {draft_tier} failed ({describe(first.error)})", *alone.notes]
+            reason = "; ".join([*notes, f"answered by {alone.call.tier}"])
+            for event in self._final(alone.call, alone.revision, reason):
                 yield event
             return
-        second = RevisionOutcome()
-        async for event in self._stream_revision(refine, 1, draft.text, second):
+        second = Answer(refine, 1)
+        async for event in self._with_failover(second, draft.text, True, self._refine_timeout_s):
             yield event
+        notes = second.notes
+        if first.error is not None:
+            broken = f"after {len(draft.text)} characters ({describe(first.error)})"
+            notes = [f"draft by {draft_tier} failed {broken}", *notes]
         if second.complete:
-            reason = f"refined by {refine_tier}"
+            reason = f"refined by {second.call.tier}"
             if plan.gate != "always":
                 reason += f" (draft unsure: {draft.confidence:.2f} < {plan.min_confidence:.2f})"
-            for event in self._final(refine, 1, reason, "completed"):
+            reason = "; ".join([*notes, reason])
+            for event in self._final(second.call, second.revision, reason, "completed"):
                 yield event
         elif first.complete:
             assert second.error is not None
             timed_out = second.error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            failure = self._refine_failure(refine, second.error)
+            failure = "; ".join([*notes, self._refine_failure(second.call, second.error)])
             for event in self._final(draft, 0, failure, "timeout" if timed_out else "failed"):
                 yield event
         else:
@@ -229,10 +294,16 @@ class ChatSession:
             raise UpstreamFailed(draft_tier, first.error)
 
     def _refine_timeout_s(self) -> float:
-        remaining = self._remaining_s()
+        """What is left of the refinement's budget (which starts with its first call), within
+        the client's deadline."""
+        now = time.perf_counter()
+        if self._refine_deadline is None:
+            self._refine_deadline = now + self._refine_budget_s
+        budget = max(0.001, self._refine_deadline - now)
+        remaining = self._client_remaining_s()
         if remaining is None:
-            return self._refine_budget_s
-        return max(0.001, min(self._refine_budget_s, remaining - FINAL_MARGIN_S))
+            return budget
+        return max(0.001, min(budget, remaining - FINAL_MARGIN_S))
 
     def _refine_failure(self, call: TierCall, error: grpc.aio.AioRpcError) -> str:
         if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and call.timeout_s is not None:
@@ -240,7 +311,7 @@ class ChatSession:
                 f"refinement by {call.tier} exceeded its {call.timeout_s * 1000:.0f} ms budget; "
                 "draft kept"
             )
-        return f"refinement by {call.tier} failed ({_describe(error)}); draft kept"
+        return f"refinement by {call.tier} failed ({describe(error)}); draft kept"
 
     async def _stream_revision(
         self,
@@ -283,7 +354,7 @@ class ChatSession:
             if outcome.started:
                 timed_out = e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                 finish = "timeout" if timed_out else "error"
-                yield revision_end(revision, finish, call.usage, _describe(e))
+                yield revision_end(revision, finish, call.usage, describe(e))
 
     def _begin(
         self,
@@ -313,30 +384,7 @@ class ChatSession:
             events += self._ended(other)
         if refinement is not None:
             events.append(RefinementSettled(refinement))
-        usage = []
-        for c in self._calls:
-            tier_usage = router_pb2.TierUsage(
-                tier=c.tier, usage=c.usage or common_pb2.Usage(), cancelled=c.cancelled
-            )
-            if c.revision is not None:
-                tier_usage.revision = c.revision
-            usage.append(tier_usage)
-        timings = router_pb2.Timings(
-            route_ms=self._clock.route_ms,
-            ttft_ms=self._clock.ttft_ms,
-            time_to_first_draft_ms=self._clock.first_draft_ms,
-            time_to_final_ms=self._clock.ms(),
-        )
-        final = router_pb2.Final(
-            revision=revision,
-            tier=call.tier,
-            text=call.text,
-            reason=reason,
-            usage=usage,
-            timings=timings,
-            revisions=max((c.revision or 0) for c in self._calls if c.revision is not None) + 1,
-        )
-        events.append(router_pb2.ChatEvent(final=final))
+        events.append(final_event(self._calls, call, revision, reason, self._clock))
         return events
 
 
@@ -349,7 +397,3 @@ async def _prepend(first: asyncio.Future[Any], rest: Chunks) -> Chunks:
         return
     async for chunk in rest:
         yield chunk
-
-
-def _describe(error: grpc.aio.AioRpcError) -> str:
-    return f"{error.code().name}: {error.details()}"

@@ -1,19 +1,31 @@
-"""Load-aware fallback: when the chosen tier, by its own load report, would break its TTFT SLO
-or has no room, the request goes to the next tier in the configured fallback order.
+"""Health- and load-aware fallback: when the chosen tier is down (its reports say so, or it was
+ejected for failing), would break its TTFT SLO, has no room, or its load is unknown, the request
+goes to the next tier in the configured fallback order. Unknown load never counts as room.
 
-Pure decision logic over TierLoad snapshots; knows nothing of gRPC.
+Pure decision logic over TierLoad snapshots and a `down` question; knows nothing of gRPC.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from services.common.config import RouterConfig
 from services.router.policy import Loads, TierLoad
 
+Down = Callable[[str], "str | None"]  # why a tier cannot take a call now; None if it can
 
-def overloaded(tier: str, load: TierLoad | None, config: RouterConfig) -> str | None:
-    """Why `tier` should not take one more request now, or None if it can (or is unknown)."""
+
+def never_down(tier: str) -> str | None:
+    return None
+
+
+def refusal(tier: str, load: TierLoad | None, config: RouterConfig, down: Down) -> str | None:
+    """Why `tier` should not take one more request now, or None if it can."""
+    why = down(tier)
+    if why is not None:
+        return why
     if load is None:
-        return None
+        return f"{tier} load unknown"
     if not load.serving:
         return f"{tier} not serving"
     if load.queue_full:
@@ -24,18 +36,39 @@ def overloaded(tier: str, load: TierLoad | None, config: RouterConfig) -> str | 
     return None
 
 
-def choose_with_fallback(tier: str, loads: Loads, config: RouterConfig) -> tuple[str, str]:
-    """The tier to use and a note for the decision's reason ("" when no fallback happened)."""
-    seen = [tier]
-    notes = []
+def fallback_chain(tier: str, config: RouterConfig) -> tuple[str, ...]:
+    """The configured tiers after `tier` in the fallback order, each once."""
+    chain: list[str] = []
     current = tier
-    while (why := overloaded(current, loads.get(current), config)) is not None:
-        notes.append(why)
-        following = config.fallback.get(current)
-        if following is None or following in seen or following not in config.tiers:
-            return tier, f"; {'; '.join(notes)}, no fallback left"
-        seen.append(following)
+    while (following := config.fallback.get(current)) is not None:
+        if following == tier or following in chain or following not in config.tiers:
+            break
+        chain.append(following)
         current = following
-    if current == tier:
-        return tier, ""
-    return current, f"; {'; '.join(notes)} → fallback {current}"
+    return tuple(chain)
+
+
+def choose_with_fallback(
+    tier: str, loads: Loads, config: RouterConfig, down: Down = never_down
+) -> tuple[str, str, tuple[str, ...]]:
+    """The tier to use, a note for the decision's reason ("" when no fallback happened), and
+    the tiers a failed call moves on to (those able to take it first). When no tier of the
+    chain can take it, the chosen tier is tried all the same and the note says so."""
+    candidates = (tier, *fallback_chain(tier, config))
+    refusals = {t: refusal(t, loads.get(t), config, down) for t in candidates}
+    notes = []
+    chosen = tier
+    for candidate in candidates:
+        why = refusals[candidate]
+        if why is None:
+            chosen = candidate
+            break
+        notes.append(why)
+    else:
+        return tier, f"; {'; '.join(notes)}; no tier available, trying {tier}", candidates[1:]
+    after = [t for t in fallback_chain(chosen, config) if t != chosen]
+    able = [t for t in after if refusal(t, loads.get(t), config, down) is None]
+    then = tuple(able + [t for t in after if t not in able])
+    if chosen == tier:
+        return tier, "", then
+    return chosen, f"; {'; '.join(notes)} → fallback {chosen}", then

@@ -25,15 +25,18 @@ from services.common.grpc_service import (
     start_server,
 )
 from services.common.telemetry import setup_telemetry
+from services.router.outlier import OutlierDetector
 from services.router.policy_factory import create_policy
 from services.router.servicer import RouterServicer
 from services.router.tier_calls import TierChannels
+from services.router.tier_health import TierHealth
 from services.router.tier_loads import TierLoadWatcher
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["RouterService"].full_name
 DEFAULT_CONFIG = Path(__file__).with_name("config.toml")
+FIRST_REPORTS_S = 2.0  # at start, how long to wait for every tier's first load report
 
 
 @dataclass
@@ -64,9 +67,20 @@ class RouterServer:
 
 async def start_router(config: RouterConfig) -> RouterServer:
     channels = TierChannels(config.tiers)
-    watcher = TierLoadWatcher(channels, config.load_watch_interval_ms)
+    watcher = TierLoadWatcher(channels, config.load_watch_interval_ms, config.load_stale_ms)
+    outliers = OutlierDetector(
+        config.eject_after_failures,
+        config.ejection_base_ms / 1000,
+        config.ejection_max_ms / 1000,
+        probe_timeout_s=config.stall_timeout_ms / 1000,
+    )
     servicer = RouterServicer(
-        config, channels, create_policy(config), watcher.loads, answers_agree=answers_agree
+        config,
+        channels,
+        create_policy(config),
+        watcher.loads,
+        answers_agree=answers_agree,
+        health=TierHealth(watcher.down, outliers),
     )
     running = await start_server(
         config.host,
@@ -75,6 +89,7 @@ async def start_router(config: RouterConfig) -> RouterServer:
         [SERVICE_NAME],
     )
     watcher.start()
+    await watcher.first_reports(FIRST_REPORTS_S)
     await running.set_serving(True)
     return RouterServer(config, servicer, channels, running, watcher)
 

@@ -31,13 +31,15 @@ from services.common.validation import (
     check_sampling,
     conversation,
 )
+from services.router.chat_outcomes import UpstreamFailed
 from services.router.chat_plan import ChatPlan, SessionClock
-from services.router.chat_session import ChatSession, UpstreamFailed
+from services.router.chat_session import ChatSession
 from services.router.chat_telemetry import ChatTelemetry
 from services.router.fallback import choose_with_fallback
 from services.router.learning import AnswersAgree, RoutingLessons
 from services.router.policy import Loads, RoutingInput, RoutingPolicy
 from services.router.tier_calls import TierClient
+from services.router.tier_health import TierHealth
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +56,17 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         policy: RoutingPolicy,
         loads: Loads | None = None,
         answers_agree: AnswersAgree = answers_agree,
+        health: TierHealth | None = None,
     ) -> None:
         """`answers_agree` tells whether a draft and its refinement give the same final answer
-        (the progressive learning signal)."""
+        (the progressive learning signal); `health` whether a tier may take a call (none: every
+        tier may, by its load alone)."""
         self._config = config
         self._tiers = tiers
         self._policy = policy
         self._loads: Loads = loads if loads is not None else dict.fromkeys(config.tiers)
+        self._health = health if health is not None else TierHealth()
+        self._down = self._health.down
         self._lessons = RoutingLessons(policy, answers_agree)
         self.inflight = 0
 
@@ -86,12 +92,13 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             raise InvalidArgument(f"progressive_gate: {gate!r} is not one of {', '.join(GATES)}")
         choice = self._policy.route(RoutingInput(tuple(turns), max_tokens), self._loads)
         complexity = choice.complexity
-        fallback: str | None = None
+        fallbacks: tuple[str, ...] = ()
         if mode == router_pb2.MODE_PINNED:
             if not request.tier:
                 raise InvalidArgument("tier: required with MODE_PINNED")
             tiers: tuple[str, ...] = (self._configured(request.tier, "tier"),)
             policy, reason = "pinned", f"pinned to {request.tier}"
+            fallbacks = choose_with_fallback(tiers[0], self._loads, config, self._down)[2]
         elif mode == router_pb2.MODE_PROGRESSIVE:
             draft = self._configured(request.draft_tier or config.draft_tier, "draft_tier")
             refine = self._configured(request.refine_tier or config.refine_tier, "refine_tier")
@@ -101,11 +108,13 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             policy, reason = "progressive", f"draft from {draft}, refined by {refine}"
             if gate != "always":
                 reason += f"; gate {gate} at draft confidence {config.min_draft_confidence:.2f}"
+            fallbacks = choose_with_fallback(refine, self._loads, config, self._down)[2]
         else:
-            tier, note = choose_with_fallback(choice.tier, self._loads, config)
+            tier, note, fallbacks = choose_with_fallback(
+                choice.tier, self._loads, config, self._down
+            )
             tiers = (self._configured(tier, "tier"),)
             policy, reason = choice.policy, choice.reason + note
-            fallback = config.fallback.get(tier)
         generate = tier_pb2.GenerateRequest(
             max_tokens=max_tokens,
             sampling=request.sampling,
@@ -125,8 +134,10 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             tiers,
             generate,
             decision,
-            fallback_tier=fallback if fallback in config.tiers else None,
+            fallback_tier=fallbacks[0] if fallbacks and mode == router_pb2.MODE_ROUTED else None,
             first_token_timeout_s=config.first_token_timeout_ms / 1000,
+            fallbacks=fallbacks,
+            retry_first_token=mode == router_pb2.MODE_ROUTED,
             gate=gate,
             min_confidence=config.min_draft_confidence,
             choice=choice,
@@ -168,8 +179,10 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 self._config.refine_budget_ms / 1000,
                 context.time_remaining(),
                 clock,
+                call_timeout_s=self._config.tier_call_timeout_s,
+                stall_s=self._config.stall_timeout_ms / 1000,
             )
-            observers = (telemetry, self._lessons.observer(plan))
+            observers = (telemetry, self._lessons.observer(plan), self._health)
             try:
                 async with aclosing(session.events()) as events:
                     async for event in events:

@@ -6,6 +6,7 @@ Knows gRPC and the tier contract; knows nothing of revisions, routing policy or 
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Protocol
@@ -13,7 +14,9 @@ from typing import Protocol
 import grpc
 from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
 
-CHANNEL_OPTIONS = [("grpc.enable_retries", 0)]
+from services.common import grpc_service
+
+CHANNEL_OPTIONS = [("grpc.enable_retries", 0), *grpc_service.CHANNEL_OPTIONS]
 
 
 class GenerateStream(Protocol):
@@ -64,6 +67,9 @@ class TierChannels:
     def stub(self, tier: str) -> tier_pb2_grpc.TierServiceStub:
         return self._stubs[tier]
 
+    def channel(self, tier: str) -> grpc.aio.Channel:
+        return self._channels[tier]
+
     def generate(
         self,
         tier: str,
@@ -81,8 +87,18 @@ class TierChannels:
             await channel.close()
 
 
+def stalled_error(tier: str, stall_s: float, chunks: int) -> grpc.aio.AioRpcError:
+    """The failure a call that went silent ends with: UNAVAILABLE, naming the stall."""
+    what = "first chunk" if chunks == 0 else f"chunk after {chunks}"
+    details = f"stalled: no {what} from tier {tier} within {stall_s * 1000:.0f} ms"
+    return grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details
+    )
+
+
 class TierCall:
-    """One Generate call to one tier, started at construction; read it with chunks()."""
+    """One Generate call to one tier, started at construction; read it with chunks(). A call
+    with no chunk for `stall_s` (the first included) is cancelled and fails UNAVAILABLE."""
 
     def __init__(
         self,
@@ -91,10 +107,13 @@ class TierCall:
         request: tier_pb2.GenerateRequest,
         timeout_s: float | None,
         metadata: Sequence[tuple[str, str]] = (),
+        stall_s: float | None = None,
     ) -> None:
         self.tier = tier
         self.request_id = request.request_id
         self.timeout_s = timeout_s
+        self.stall_s = stall_s
+        self.chunk_count = 0
         self.call = client.generate(tier, request, timeout_s, metadata)
         self.text = ""
         self.logprobs: list[float] = []
@@ -106,8 +125,19 @@ class TierCall:
 
     async def chunks(self) -> AsyncIterator[tier_pb2.GenerateChunk]:
         """The tier's chunks; raises grpc.aio.AioRpcError with the tier's status on failure."""
+        stream = aiter(self.call)
         try:
-            async for chunk in self.call:
+            while True:
+                try:
+                    async with asyncio.timeout(self.stall_s):
+                        chunk = await anext(stream)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    self.call.cancel()  # a failure, not the router's choice: not `cancelled`
+                    assert self.stall_s is not None
+                    raise stalled_error(self.tier, self.stall_s, self.chunk_count) from None
+                self.chunk_count += 1
                 self.text += chunk.text
                 self.logprobs.extend(chunk.logprobs)
                 if chunk.finish_reason:

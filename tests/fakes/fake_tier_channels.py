@@ -53,6 +53,25 @@ def failure(code: grpc.StatusCode, details: str, after_s: float = 0.0) -> list[S
     return [Step(after_s, error=code, details=details)]
 
 
+def broken(
+    pieces: Sequence[str], code: grpc.StatusCode, details: str, *, then_after_s: float = 0.0
+) -> list[Step]:
+    """A call that streams `pieces` (no finish) and then, `then_after_s` later, fails with
+    `code`: a tier dying mid-answer."""
+    streamed = answer(pieces)
+    last = streamed[-1].chunk
+    assert last is not None
+    last.ClearField("finish_reason")
+    last.ClearField("usage")
+    return [*streamed, Step(then_after_s, error=code, details=details)]
+
+
+def silent_after(pieces: Sequence[str], silent_s: float) -> list[Step]:
+    """A call that streams `pieces` (no finish) and then sends nothing for `silent_s`: a hung
+    tier."""
+    return broken(pieces, grpc.StatusCode.UNAVAILABLE, "never seen", then_after_s=silent_s)
+
+
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 

@@ -151,12 +151,20 @@ async def test_progressive_with_draft_tier_down_answers_from_refine(tiny_model_d
         await mesh.stop()
 
 
-async def test_routed_with_its_tier_down_is_unavailable(tiny_model_dir: Path) -> None:
+async def test_routed_with_its_tier_down_falls_back_and_pinned_is_unavailable(
+    tiny_model_dir: Path,
+) -> None:
     mesh = await start_mesh(tiny_model_dir, tiers=("medium", "large"), down=("small",))
     try:
         async with AsyncRouterClient(mesh.address) as client:
+            result = await client.chat(PROMPT, mode="routed", max_tokens=8)
+            route = result.events[0]
+            assert isinstance(route, RouteEvent) and route.tiers == ("medium",)
+            assert "small load stream broken (UNAVAILABLE)" in route.reason
+            assert "fallback medium" in route.reason
+            assert (result.revision, result.tier) == (0, "medium")
             with pytest.raises(ChatError) as caught:
-                await client.chat(PROMPT, mode="routed", max_tokens=8)
+                await client.chat(PROMPT, mode="pinned", tier="small", max_tokens=8)
         assert caught.value.code == "UNAVAILABLE"
         assert "tier small" in caught.value.message
     finally:

@@ -13,8 +13,9 @@ from services.router.chat_events import (
     TierCallEnded,
     TierCallOpening,
 )
+from services.router.chat_outcomes import UpstreamFailed
 from services.router.chat_plan import ChatPlan, SessionClock
-from services.router.chat_session import ChatSession, UpstreamFailed
+from services.router.chat_session import ChatSession
 from tests.fakes.fake_tier_channels import FakeTierChannels, answer, failure
 
 DRAFT = ["The price", " is $5"]  # "The price is $5"

@@ -1,0 +1,169 @@
+"""Starts tiers and a router as real child processes (`python -m services.tier_<name>`,
+`python -m services.router`) on free ports, for fault tests that SIGKILL or SIGSTOP one of them.
+Each gets a config file written for the test; its output goes to a log the failure shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.common.tiers import TIER_NAMES
+
+ROOT = Path(__file__).resolve().parents[2]
+READY_S = 180.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | Path):
+        return f'"{value}"'
+    return str(value)
+
+
+def write_toml(path: Path, values: dict[str, Any], tables: dict[str, dict[str, Any]]) -> Path:
+    lines = [f"{key} = {toml_value(value)}" for key, value in values.items()]
+    for name, table in tables.items():
+        lines += ["", f"[{name}]", *(f"{k} = {toml_value(v)}" for k, v in table.items())]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@dataclass
+class Service:
+    name: str
+    address: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.process.send_signal(sig)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def spawn(name: str, module: str, args: list[str], address: str, log_dir: Path) -> Service:
+    log_path = log_dir / f"{name}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TIERMESH_LOG_LEVEL": "INFO"},
+        )
+    return Service(name, address, process, log_path)
+
+
+async def wait_serving(service: Service, timeout_s: float = READY_S) -> None:
+    """Polls the service's gRPC health until SERVING; fails with its log if it exits first."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with grpc.aio.insecure_channel(service.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            code = service.process.poll()
+            assert code is None, f"{service.name} exited with {code}:\n{service.log_tail()}"
+            try:
+                response = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if response.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            assert asyncio.get_running_loop().time() < deadline, service.log_tail()
+            await asyncio.sleep(0.1)
+
+
+@dataclass
+class ProcessMesh:
+    tiers: dict[str, Service]
+    router: Service
+    work_dir: Path
+    tier_options: dict[str, Any] = field(default_factory=dict)
+    models: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return self.router.address
+
+    def start_tier(self, tier: str, port: int) -> Service:
+        """(Re)starts one tier process on `port`."""
+        config = {
+            "name": tier,
+            "model_path": str(self.models[tier]),
+            "port": port,
+            "metrics_port": 0,
+            **self.tier_options,
+        }
+        path = write_toml(self.work_dir / f"{tier}.toml", config, {})
+        module = f"services.tier_{tier}"
+        service = spawn(tier, module, ["--config", str(path)], f"127.0.0.1:{port}", self.work_dir)
+        self.tiers[tier] = service
+        return service
+
+    def stop(self) -> None:
+        for service in (self.router, *self.tiers.values()):
+            service.stop()
+
+
+async def start_process_mesh(
+    work_dir: Path,
+    models: dict[str, Path],
+    *,
+    tier_options: dict[str, Any] | None = None,
+    router_options: dict[str, Any] | None = None,
+) -> ProcessMesh:
+    """The three tiers (model per tier) and a router, each its own process, all serving."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    mesh = ProcessMesh({}, None, work_dir, tier_options or {}, models)  # type: ignore[arg-type]
+    try:
+        for tier in TIER_NAMES:
+            mesh.start_tier(tier, free_port())
+        router_port = free_port()
+        config = {
+            "port": router_port,
+            "metrics_port": 0,
+            "policy": "interim_heuristic",
+            **(router_options or {}),
+        }
+        tiers = {tier: service.address for tier, service in mesh.tiers.items()}
+        path = write_toml(work_dir / "router.toml", config, {"tiers": tiers})
+        address = f"127.0.0.1:{router_port}"
+        mesh.router = spawn("router", "services.router", ["--config", str(path)], address, work_dir)
+        for service in (*mesh.tiers.values(), mesh.router):
+            await wait_serving(service)
+    except BaseException:
+        for service in mesh.tiers.values():
+            service.stop()
+        if mesh.router is not None:
+            mesh.router.stop()
+        raise
+    return mesh

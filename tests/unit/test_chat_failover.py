@@ -1,0 +1,251 @@
+"""The chat session's failover, driven against a fake tier client (tests/fakes/
+fake_tier_channels.py): a call failing before its first token is retried once on the next tier
+unseen; a call failing or stalling mid-answer goes on on the next tier as a new revision that
+replaces the broken one, with an honest kept prefix; the client's text is checked token by token.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from tiermesh.v1 import router_pb2, tier_pb2
+
+from services.router.chat_events import SessionEvent
+from services.router.chat_outcomes import UpstreamFailed
+from services.router.chat_plan import ChatPlan, SessionClock
+from services.router.chat_session import ChatSession
+from tests.fakes.fake_tier_channels import FakeTierChannels, answer, broken, failure, silent_after
+from tests.unit.test_chat_session import ended, final, kinds, refinement, revision_text, wire
+
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+ROUTED, PINNED, PROGRESSIVE = (
+    router_pb2.MODE_ROUTED,
+    router_pb2.MODE_PINNED,
+    router_pb2.MODE_PROGRESSIVE,
+)
+ANSWER = ["The price", " is", " $5"]  # "The price is $5"
+SLOW_S = 2.0  # a silence the test never waits out: the stall timeout must end it first
+
+
+def plan(mode: router_pb2.Mode, tiers: tuple[str, ...], fallbacks: tuple[str, ...]) -> ChatPlan:
+    decision = router_pb2.RouteDecision(request_id="r1", mode=mode, tiers=tiers, reason="test")
+    return ChatPlan(
+        "r1",
+        mode,
+        tiers,
+        tier_pb2.GenerateRequest(max_tokens=16),
+        decision,
+        fallbacks=fallbacks,
+        retry_first_token=mode == ROUTED,
+    )
+
+
+async def run(
+    chat: ChatPlan, channels: FakeTierChannels, stall_s: float | None = None
+) -> list[SessionEvent]:
+    session = ChatSession(chat, channels, 1.0, None, SessionClock(), 5.0, stall_s)
+    return [event async for event in session.events()]
+
+
+def starts(events: list[SessionEvent]) -> list[tuple[int, str, int | None, int]]:
+    """(revision, tier, replaces, kept_prefix_chars) of each RevisionStart."""
+    return [
+        (
+            s.revision,
+            s.tier,
+            s.replaces if s.HasField("replaces") else None,
+            s.kept_prefix_chars,
+        )
+        for s in (e.revision_start for e in wire(events) if e.HasField("revision_start"))
+    ]
+
+
+def check_answer_is_its_revisions_deltas(events: list[SessionEvent]) -> router_pb2.Final:
+    """Final's text is exactly its revision's deltas, token ids included: nothing lost or
+    doubled."""
+    answer_ = final(events)
+    deltas = [e.delta for e in wire(events) if e.HasField("delta")]
+    mine = [d for d in deltas if d.revision == answer_.revision]
+    assert "".join(d.text for d in mine) == answer_.text
+    assert [t for d in mine for t in d.token_ids] == list(range(100, 100 + len(ANSWER)))
+    return answer_
+
+
+async def test_failure_before_the_first_token_is_retried_once_unseen() -> None:
+    channels = FakeTierChannels({"small": failure(UNAVAILABLE, "down"), "medium": answer(ANSWER)})
+    events = await run(plan(ROUTED, ("small",), ("medium", "large")), channels)
+    assert kinds(events) == ["route", "revision_start", "delta", "delta", "delta"] + [
+        "revision_end",
+        "final",
+    ]
+    assert starts(events) == [(0, "medium", None, 0)]
+    answer_ = check_answer_is_its_revisions_deltas(events)
+    assert (answer_.revision, answer_.tier, answer_.revisions) == (0, "medium", 1)
+    assert answer_.reason == (
+        "small failed before its first token (UNAVAILABLE: down); retried on medium; "
+        "answered by medium"
+    )
+    assert ended(events) == {"small": "UNAVAILABLE", "medium": "OK"}
+
+
+async def test_retry_before_the_first_token_happens_once() -> None:
+    channels = FakeTierChannels(
+        {
+            "small": failure(UNAVAILABLE, "small down"),
+            "medium": failure(grpc.StatusCode.INTERNAL, "medium broke"),
+            "large": answer(ANSWER),
+        }
+    )
+    with pytest.raises(UpstreamFailed) as raised:
+        await run(plan(ROUTED, ("small",), ("medium", "large")), channels)
+    assert raised.value.code == grpc.StatusCode.INTERNAL
+    assert raised.value.details == "tier medium: medium broke"
+    assert "large" not in channels.calls
+
+
+async def test_pinned_is_not_moved_before_its_first_token() -> None:
+    channels = FakeTierChannels({"small": failure(UNAVAILABLE, "down"), "medium": answer(ANSWER)})
+    with pytest.raises(UpstreamFailed) as raised:
+        await run(plan(PINNED, ("small",), ("medium",)), channels)
+    assert raised.value.code == UNAVAILABLE and "medium" not in channels.calls
+
+
+async def test_bad_input_is_not_retried_elsewhere() -> None:
+    bad = failure(grpc.StatusCode.INVALID_ARGUMENT, "prompt: too long")
+    channels = FakeTierChannels({"small": bad, "medium": answer(ANSWER)})
+    with pytest.raises(UpstreamFailed) as raised:
+        await run(plan(ROUTED, ("small",), ("medium",)), channels)
+    assert raised.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "medium" not in channels.calls
+
+
+@pytest.mark.parametrize("mode", [ROUTED, PINNED])
+async def test_failure_mid_answer_goes_on_as_a_new_revision(mode: router_pb2.Mode) -> None:
+    channels = FakeTierChannels(
+        {"small": broken(ANSWER[:2], UNAVAILABLE, "killed"), "medium": answer(ANSWER)}
+    )
+    events = await run(plan(mode, ("small",), ("medium", "large")), channels)
+    assert kinds(events) == [
+        "route",
+        "revision_start",
+        "delta",
+        "delta",
+        "revision_end",
+        "revision_start",
+        "delta",
+        "delta",
+        "revision_end",
+        "final",
+    ]
+    broken_end = wire(events)[4].revision_end
+    assert (broken_end.revision, broken_end.finish_reason) == (0, "error")
+    assert broken_end.error == "UNAVAILABLE: killed"
+    assert revision_text(events, 0) == "The price is"
+    # revision 1 starts over (full text) and says how much of revision 0 it keeps: all of it
+    assert starts(events) == [(0, "small", None, 0), (1, "medium", 0, len("The price is"))]
+    answer_ = check_answer_is_its_revisions_deltas(events)
+    assert (answer_.revision, answer_.tier, answer_.text) == (1, "medium", "The price is $5")
+    assert answer_.revisions == 2
+    assert answer_.reason == (
+        "small failed after 12 characters (UNAVAILABLE: killed); medium went on as revision 1; "
+        "answered by medium"
+    )
+    assert ended(events) == {"small": "UNAVAILABLE", "medium": "OK"}
+
+
+async def test_kept_prefix_is_what_the_new_revision_shares() -> None:
+    channels = FakeTierChannels(
+        {
+            "small": broken(["The cost", " was"], UNAVAILABLE, "killed"),
+            "medium": answer(ANSWER),
+        }
+    )
+    events = await run(plan(ROUTED, ("small",), ("medium",)), channels)
+    assert starts(events)[1] == (1, "medium", 0, len("The "))
+    assert check_answer_is_its_revisions_deltas(events).text == "The price is $5"
+
+
+async def test_stalled_tier_is_cancelled_and_the_answer_goes_on() -> None:
+    channels = FakeTierChannels(
+        {"small": silent_after(ANSWER[:1], SLOW_S), "medium": answer(ANSWER)}
+    )
+    events = await run(plan(ROUTED, ("small",), ("medium",)), channels, stall_s=0.05)
+    assert channels.call("small").cancelled  # the hung call is cut upstream
+    assert wire(events)[3].revision_end.error == (
+        "UNAVAILABLE: stalled: no chunk after 1 from tier small within 50 ms"
+    )
+    answer_ = check_answer_is_its_revisions_deltas(events)
+    assert (answer_.revision, answer_.tier) == (1, "medium")
+    assert ended(events) == {"small": "UNAVAILABLE", "medium": "OK"}
+
+
+async def test_no_first_chunk_within_the_stall_timeout_is_a_failure_retried() -> None:
+    channels = FakeTierChannels(
+        {"small": answer(ANSWER, first_after_s=SLOW_S), "medium": answer(ANSWER)}
+    )
+    events = await run(plan(ROUTED, ("small",), ("medium",)), channels, stall_s=0.05)
+    answer_ = check_answer_is_its_revisions_deltas(events)
+    assert (answer_.revision, answer_.tier) == (0, "medium")
+    assert "no first chunk from tier small within 50 ms" in answer_.reason
+
+
+async def test_failure_with_no_tier_left_relays_the_error_after_the_broken_revision() -> None:
+    channels = FakeTierChannels({"small": broken(ANSWER[:1], UNAVAILABLE, "killed")})
+    events: list[SessionEvent] = []
+    with pytest.raises(UpstreamFailed) as raised:
+        async for event in ChatSession(
+            plan(ROUTED, ("small",), ()), channels, 1.0, None, SessionClock()
+        ).events():
+            events.append(event)
+    assert raised.value.code == UNAVAILABLE
+    assert kinds(events) == ["route", "revision_start", "delta", "revision_end"]
+
+
+async def test_refinement_failing_mid_answer_goes_on_as_revision_2() -> None:
+    channels = FakeTierChannels(
+        {
+            "small": answer(["Draft"]),
+            "large": broken(ANSWER[:2], UNAVAILABLE, "killed", then_after_s=0.01),
+            "medium": answer(ANSWER),
+        }
+    )
+    events = await run(plan(PROGRESSIVE, ("small", "large"), ("medium",)), channels)
+    assert starts(events) == [
+        (0, "small", None, 0),
+        (1, "large", 0, 0),
+        (2, "medium", 1, len("The price is")),
+    ]
+    answer_ = check_answer_is_its_revisions_deltas(events)
+    assert (answer_.revision, answer_.tier, answer_.revisions) == (2, "medium", 3)
+    assert answer_.reason == (
+        "large failed after 12 characters (UNAVAILABLE: killed); medium went on as revision 2; "
+        "refined by medium"
+    )
+    assert refinement(events) == ["completed"]
+
+
+async def test_draft_failing_mid_answer_is_replaced_by_the_refinement() -> None:
+    channels = FakeTierChannels(
+        {"small": broken(ANSWER[:2], UNAVAILABLE, "killed"), "large": answer(ANSWER)}
+    )
+    events = await run(plan(PROGRESSIVE, ("small", "large"), ("medium",)), channels)
+    assert starts(events) == [(0, "small", None, 0), (1, "large", 0, len("The price is"))]
+    answer_ = check_answer_is_its_revisions_deltas(events)
+    assert (answer_.revision, answer_.tier) == (1, "large")
+    assert answer_.reason == (
+        "draft by small failed after 12 characters (UNAVAILABLE: killed); refined by large"
+    )
+
+
+async def test_tier_calls_carry_the_configured_timeout_without_a_client_deadline() -> None:
+    channels = FakeTierChannels({"small": failure(UNAVAILABLE, "down"), "medium": answer(ANSWER)})
+    await run(plan(ROUTED, ("small",), ("medium",)), channels)
+    assert channels.call("small").timeout_s == channels.call("medium").timeout_s == 5.0
+
+
+async def test_tier_calls_carry_the_clients_remaining_deadline() -> None:
+    channels = FakeTierChannels({"small": answer(ANSWER)})
+    session = ChatSession(plan(ROUTED, ("small",), ()), channels, 1.0, 2.0, SessionClock(), 5.0)
+    [event async for event in session.events()]
+    timeout_s = channels.call("small").timeout_s
+    assert timeout_s is not None and 0 < timeout_s <= 2.0

@@ -1,0 +1,87 @@
+"""Health-aware routing decisions without processes: passive ejection (outlier.py) and the
+fallback choice over loads and down reasons (fallback.py)."""
+
+from __future__ import annotations
+
+from services.common.config import RouterConfig
+from services.router.fallback import choose_with_fallback, fallback_chain
+from services.router.outlier import OutlierDetector
+from services.router.policy import TierLoad
+
+IDLE = TierLoad(True, 0, 0, 4, 16, 1.0, 2.0)
+CONFIG = RouterConfig()
+
+
+def detector() -> OutlierDetector:
+    return OutlierDetector(failures=3, base_s=1.0, max_s=3.0, probe_timeout_s=10.0)
+
+
+def test_consecutive_failures_eject_with_doubling_capped_backoff_and_one_probe() -> None:
+    outliers = detector()
+    for _ in range(2):
+        outliers.ended("small", "UNAVAILABLE", 0.0)
+    assert outliers.blocked("small", 0.0) is None  # two failures: not yet
+    outliers.ended("small", "UNAVAILABLE", 0.0)
+    assert "ejected after 3 failed calls" in (outliers.blocked("small", 0.5) or "")
+    assert outliers.blocked("small", 1.0) is None  # time is up: one probe may go
+    outliers.starting("small", 1.0)
+    assert "probe call still running" in (outliers.blocked("small", 1.1) or "")
+    outliers.ended("small", "UNAVAILABLE", 1.1)  # the probe failed: ejected for 2 s
+    assert outliers.blocked("small", 3.0) is not None and outliers.blocked("small", 3.1) is None
+    outliers.starting("small", 3.1)
+    outliers.ended("small", "UNAVAILABLE", 3.2)  # 4 s would be next, the cap says 3 s
+    assert outliers.blocked("small", 6.1) is not None and outliers.blocked("small", 6.2) is None
+    outliers.starting("small", 6.2)
+    outliers.ended("small", "OK", 6.3)  # the probe succeeded: restored, backoff reset
+    assert outliers.blocked("small", 6.3) is None
+    for _ in range(3):
+        outliers.ended("small", "UNAVAILABLE", 7.0)
+    assert outliers.blocked("small", 7.9) is not None and outliers.blocked("small", 8.0) is None
+
+
+def test_only_tier_failures_count_and_a_success_resets_the_count() -> None:
+    outliers = detector()
+    for code in ("UNAVAILABLE", "UNAVAILABLE", "OK", "UNAVAILABLE", "CANCELLED", "UNAVAILABLE"):
+        outliers.ended("small", code, 0.0)
+    for code in ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"):
+        outliers.ended("small", code, 0.0)
+    assert outliers.blocked("small", 0.0) is None
+
+
+def test_a_probe_whose_call_never_reports_is_freed_after_its_timeout() -> None:
+    outliers = detector()
+    for _ in range(3):
+        outliers.ended("small", "INTERNAL", 0.0)
+    outliers.starting("small", 1.0)
+    assert outliers.blocked("small", 10.9) is not None and outliers.blocked("small", 11.0) is None
+
+
+def test_fallback_chain_follows_the_configured_order_once() -> None:
+    assert fallback_chain("small", CONFIG) == ("medium", "large")
+    assert fallback_chain("large", CONFIG) == ("medium",)
+
+
+def test_unknown_load_is_never_room_and_the_reason_names_the_fallback() -> None:
+    loads = {"small": None, "medium": IDLE, "large": IDLE}
+    tier, note, then = choose_with_fallback("small", loads, CONFIG)
+    assert (tier, then) == ("medium", ("large",))
+    assert note == "; small load unknown → fallback medium"
+
+
+def test_a_down_tier_is_skipped_and_put_last_among_the_fallbacks() -> None:
+    loads = {"small": IDLE, "medium": IDLE, "large": IDLE}
+
+    def down(tier: str) -> str | None:
+        return "medium health NOT_SERVING" if tier == "medium" else None
+
+    assert choose_with_fallback("small", loads, CONFIG, down) == ("small", "", ("large", "medium"))
+    tier, note, then = choose_with_fallback("medium", loads, CONFIG, down)
+    assert (tier, then) == ("large", ("medium",))
+    assert note == "; medium health NOT_SERVING → fallback large"
+
+
+def test_with_no_tier_available_the_chosen_one_is_tried_and_the_note_says_so() -> None:
+    loads = dict.fromkeys(("small", "medium", "large"))
+    tier, note, then = choose_with_fallback("small", loads, CONFIG)
+    assert (tier, then) == ("small", ("medium", "large"))
+    assert note.endswith("no tier available, trying small")
