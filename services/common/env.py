@@ -7,7 +7,10 @@
 | TIERMESH_RUN_DIR | folder where `tiermesh run` writes service logs | .tiermesh |
 | TIERMESH_TORCH_THREADS | torch intra-op threads per tier process (overrides the config) | unset |
 | TIERMESH_TRACE_FILE | JSON-lines span file of every service | `tiermesh run`: in run dir |
-| OTEL_EXPORTER_OTLP_ENDPOINT | OTLP/gRPC receiver for traces and metrics | unset: no OTLP |
+| TIERMESH_METRICS_HOST | address the Prometheus /metrics endpoints bind to | 127.0.0.1 |
+| OTEL_EXPORTER_OTLP_ENDPOINT | OTLP receiver for traces and metrics | unset: no OTLP |
+| OTEL_EXPORTER_OTLP_PROTOCOL | `grpc` or `http/protobuf` (or per signal: _TRACES_, ...) | grpc |
+| OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES | override the service name / add attributes | unset |
 | OTEL_TRACES_EXPORTER | `console` prints spans to stderr | unset |
 | GRPC_XDS_BOOTSTRAP(_CONFIG) | xDS bootstrap file (inline JSON) for xds:/// targets | unset |
 
@@ -21,7 +24,14 @@ import os
 
 from tiermesh.client.router_client import DEFAULT_ROUTER_ADDRESS, router_address
 
-__all__ = ["DEFAULT_ROUTER_ADDRESS", "log_level", "router_address", "run_dir", "torch_threads"]
+__all__ = [
+    "DEFAULT_ROUTER_ADDRESS",
+    "log_level",
+    "metrics_host",
+    "router_address",
+    "run_dir",
+    "torch_threads",
+]
 
 
 def log_level() -> str:
@@ -35,3 +45,7 @@ def run_dir() -> str:
 def torch_threads() -> int | None:
     value = os.environ.get("TIERMESH_TORCH_THREADS")
     return int(value) if value else None
+
+
+def metrics_host() -> str:
+    return os.environ.get("TIERMESH_METRICS_HOST", "127.0.0.1")

@@ -34,7 +34,9 @@ from opentelemetry.sdk.trace.export import (
 )
 from tiermesh.client.tracing import INSTRUMENTATION, end_span, inject_metadata
 
+from services.common.env import metrics_host
 from services.common.errors import ConfigError
+from services.common.metric_views import histogram_views
 
 __all__ = ["end_span", "inject_metadata", "meter", "setup_telemetry", "tracer"]
 
@@ -99,13 +101,35 @@ def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def _otlp_exporters() -> tuple[Any, Any]:
-    """The OTLP/gRPC span and metric exporter classes, or a ConfigError that says how to repair
-    an environment where another package's copy of the OpenTelemetry protos replaced the
-    exporter's own (xds-protos installed after opentelemetry-proto does that)."""
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+
+
+def otlp_protocol(signal: str) -> str:
+    """OTEL_EXPORTER_OTLP_{signal}_PROTOCOL, else OTEL_EXPORTER_OTLP_PROTOCOL, else grpc."""
+    env = os.environ
+    protocol = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL") or env.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"
+    )
+    if protocol not in OTLP_PROTOCOLS:
+        raise ConfigError(
+            f"OTEL_EXPORTER_OTLP_PROTOCOL: {protocol!r} is not one of {', '.join(OTLP_PROTOCOLS)}"
+        )
+    return protocol
+
+
+def _otlp_exporters(protocol: str = "grpc") -> tuple[Any, Any]:
+    """The OTLP span and metric exporter classes for `protocol` (grpc or http/protobuf), or a
+    ConfigError that says how to repair an environment where another package's copy of the
+    OpenTelemetry protos replaced the exporter's own (xds-protos installed after
+    opentelemetry-proto does that)."""
     try:
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        if protocol == "http/protobuf":
+            from opentelemetry.exporter.otlp.proto.http import metric_exporter, trace_exporter
+        else:
+            from opentelemetry.exporter.otlp.proto.grpc import (  # type: ignore[no-redef]
+                metric_exporter,
+                trace_exporter,
+            )
     except ImportError as e:
         import importlib.metadata
 
@@ -115,7 +139,20 @@ def _otlp_exporters() -> tuple[Any, Any]:
             "if xds-protos was installed after opentelemetry-proto, put the exporter's protos "
             f"back: pip install --force-reinstall --no-deps opentelemetry-proto=={version}"
         ) from e
-    return OTLPSpanExporter, OTLPMetricExporter
+    return trace_exporter.OTLPSpanExporter, metric_exporter.OTLPMetricExporter
+
+
+def _resource_attributes(service_name: str) -> dict[str, str]:
+    """service.namespace tiermesh, and `service_name` unless OTEL_SERVICE_NAME or a
+    service.name in OTEL_RESOURCE_ATTRIBUTES names the service (the SDK reads both)."""
+    attributes = {"service.namespace": "tiermesh"}
+    configured = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    named = os.environ.get("OTEL_SERVICE_NAME") or any(
+        pair.split("=", 1)[0].strip() == "service.name" for pair in configured.split(",")
+    )
+    if not named:
+        attributes["service.name"] = service_name
+    return attributes
 
 
 @dataclass
@@ -146,16 +183,17 @@ def setup_telemetry(
     Returns an empty Telemetry, installing nothing, when no destination is configured.
     """
     env = os.environ
-    resource = Resource.create({"service.name": service_name, "service.namespace": "tiermesh"})
+    resource = Resource.create(_resource_attributes(service_name))
     telemetry = Telemetry()
     endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
     )
     processors: list[Any] = []
     if endpoint:
-        OTLPSpanExporter, _ = _otlp_exporters()
+        protocol = otlp_protocol("traces")
+        OTLPSpanExporter, _ = _otlp_exporters(protocol)
         processors.append(BatchSpanProcessor(OTLPSpanExporter()))
-        telemetry.exporters.append(f"otlp:{endpoint}")
+        telemetry.exporters.append(f"otlp({protocol}):{endpoint}")
     if env.get("OTEL_TRACES_EXPORTER", "") == "console":
         processors.append(SimpleSpanProcessor(ConsoleSpanExporter()))
         telemetry.exporters.append("console")
@@ -176,19 +214,22 @@ def setup_telemetry(
 
     readers: list[MetricReader] = []
     if endpoint or env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
-        _, OTLPMetricExporter = _otlp_exporters()
+        _, OTLPMetricExporter = _otlp_exporters(otlp_protocol("metrics"))
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
     if prometheus_port:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from prometheus_client import start_http_server
 
-        start_http_server(prometheus_port, addr="127.0.0.1")
+        host = metrics_host()
+        start_http_server(prometheus_port, addr=host)
         readers.append(PrometheusMetricReader())
-        telemetry.exporters.append(f"prometheus::{prometheus_port}/metrics")
+        telemetry.exporters.append(f"prometheus:{host}:{prometheus_port}/metrics")
     if metric_reader is not None:
         readers.append(metric_reader)
     if readers:
-        meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+        meter_provider = MeterProvider(
+            resource=resource, metric_readers=readers, views=histogram_views()
+        )
         metrics.set_meter_provider(meter_provider)
         telemetry.meter_provider = meter_provider
     if telemetry.exporters:
