@@ -1,6 +1,6 @@
 """`tiermesh run`: starts the three tiers, the router and the HTTP gateway (OpenAI API and chat
 page) as child processes on this machine, waits for them to be healthy, shows one streamed
-answer, and stops them all on Ctrl-C/SIGTERM.
+answer, restarts a child that crashes (supervisor.py), and stops them all on Ctrl-C/SIGTERM.
 With `--mesh` it also starts the xDS control plane on a topology generated for the ports in use,
 and the router reaches the tiers through `xds:///tier-<name>` targets.
 
@@ -30,6 +30,7 @@ from services.common import env
 from services.common.config import TierConfig, load_config
 from services.common.errors import ConfigError
 from services.common.tiers import TIER_NAMES
+from services.launcher.supervisor import Supervisor, stop_in_order
 
 SERVICES_DIR = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 300.0
@@ -45,10 +46,11 @@ class Child:
     env: dict[str, str] | None = None  # added to this process's environment
     health_url: str | None = None  # HTTP health endpoint; None = gRPC health at `address`
 
-    def start(self) -> None:
+    def start(self, append: bool = False) -> None:
+        """Starts the process; `append` keeps the log of an earlier run (a restart)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         child_env = {**os.environ, **self.env} if self.env else None
-        with self.log_path.open("wb") as log:
+        with self.log_path.open("ab" if append else "wb") as log:
             self.process = subprocess.Popen(
                 self.command,
                 stdout=log,
@@ -193,11 +195,7 @@ def wait_healthy(children: list[Child], console: Console) -> bool:
                     console.print(f"[red]{name} exited with code {code}[/red]; log tail:")
                     console.print(child.log_tail(), markup=False)
                     return False
-                if (
-                    is_http_healthy(child.health_url)
-                    if child.health_url
-                    else is_serving(child.address)
-                ):
+                if is_healthy(child):
                     del pending[name]
                     console.print(f"[green]✓[/green] {name} serving on {child.address}")
             status.update(f"waiting for {', '.join(pending)}…")
@@ -206,6 +204,11 @@ def wait_healthy(children: list[Child], console: Console) -> bool:
                 return False
             time.sleep(0.2)
     return True
+
+
+def is_healthy(child: Child) -> bool:
+    """The child's own health check: HTTP for the gateway, gRPC health for the rest."""
+    return is_http_healthy(child.health_url) if child.health_url else is_serving(child.address)
 
 
 def is_serving(address: str) -> bool:
@@ -248,18 +251,8 @@ def tier_memory(address: str) -> tuple[str, str]:
 
 
 def stop_all(children: list[Child], grace_s: float = 15.0) -> None:
-    for child in children:
-        if child.process is not None and child.process.poll() is None:
-            child.process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for child in children:
-        if child.process is None:
-            continue
-        try:
-            child.process.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.process.kill()
-            child.process.wait()
+    """Gateway and router first (they drain their clients), then the rest."""
+    stop_in_order(children, grace_s)
 
 
 def run_mesh(
@@ -304,14 +297,13 @@ def run_mesh(
             )
         if demo_prompt and not stop_requested:
             _demo(children[-1].address, demo_prompt, console)
+        supervisor = Supervisor(children, is_healthy, console, run_dir / "pids.json")
+        console.print(f"pids: {run_dir / 'pids.json'}; a crashed service is restarted")
         console.print("[dim]serving; Ctrl-C stops every service[/dim]")
         while not stop_requested:
-            for child in children:
-                code = child.exited()
-                if code is not None:
-                    console.print(f"[red]{child.name} exited with code {code}[/red]; stopping")
-                    console.print(child.log_tail(), markup=False)
-                    return 1
+            if (why := supervisor.poll()) is not None:
+                console.print(f"[red]{why}[/red]")
+                return 1
             time.sleep(0.2)
         console.print(f"{stop_requested[0]} received: stopping every service")
         return 0

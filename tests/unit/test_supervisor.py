@@ -1,0 +1,124 @@
+"""`tiermesh run`'s supervisor against real (tiny, model-free) child processes: a killed child
+is restarted after its backoff with a new pid in pids.json, repeated crashes in the window stop
+everything with a message, and stopping goes gateway, router, then the rest. The clock is
+passed in, so backoffs are checked without waiting for them."""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from services.launcher.local_mesh import Child
+from services.launcher.supervisor import RestartPolicy, Supervisor, stop_in_order
+
+SLEEPER = "import time; time.sleep(60)"
+# on SIGTERM, appends its name to the file given, then exits
+RECORDER = (
+    "import signal, sys, time\n"
+    "def stop(*_):\n"
+    "    open(sys.argv[1], 'a').write(sys.argv[2] + '\\n'); sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def child(tmp_path: Path, name: str, *args: str, code: str = SLEEPER) -> Child:
+    command = [sys.executable, "-c", code, *args]
+    return Child(name, "127.0.0.1:1", command, tmp_path / f"{name}.log")
+
+
+@pytest.fixture
+def children(tmp_path: Path) -> Iterator[list[Child]]:
+    started = [child(tmp_path, name) for name in ("small", "router")]
+    for c in started:
+        c.start()
+    yield started
+    stop_in_order(started, grace_s=5)
+
+
+def kill(c: Child) -> None:
+    assert c.process is not None
+    c.process.send_signal(signal.SIGKILL)
+    c.process.wait()
+
+
+def test_a_killed_child_is_restarted_after_its_backoff(
+    children: list[Child], tmp_path: Path
+) -> None:
+    out = io.StringIO()
+    pids = tmp_path / "pids.json"
+    supervisor = Supervisor(children, lambda c: True, Console(file=out, width=200), pids)
+    small, router = children
+    assert small.process is not None and router.process is not None
+    first_pid, router_pid = small.process.pid, router.process.pid
+    assert json.loads(pids.read_text()) == {"small": first_pid, "router": router_pid}
+    kill(small)
+    assert supervisor.poll(now=100.0) is None
+    assert (
+        "small killed by SIGKILL" in out.getvalue()
+        and "restarting small in 0.5 s" in out.getvalue()
+    )
+    assert supervisor.poll(now=100.4) is None and small.exited() == -signal.SIGKILL
+    assert supervisor.poll(now=100.5) is None
+    assert small.exited() is None and small.process.pid != first_pid
+    assert json.loads(pids.read_text()) == {"small": small.process.pid, "router": router_pid}
+    assert supervisor.poll(now=100.6) is None
+    assert "small serving again" in out.getvalue() and router.process.pid == router_pid
+    kill(small)  # a second crash within the window waits twice as long
+    supervisor.poll(now=101.0)
+    assert "restarting small in 1.0 s" in out.getvalue()
+
+
+def test_repeated_crashes_in_the_window_stop_everything(
+    children: list[Child], tmp_path: Path
+) -> None:
+    out = io.StringIO()
+    policy = RestartPolicy(base_s=0.1, max_s=0.1, max_crashes=3, window_s=60.0)
+    supervisor = Supervisor(
+        children, lambda c: True, Console(file=out, width=200), tmp_path / "p.json", policy
+    )
+    small = children[0]
+    why = None
+    for now in (0.0, 10.0, 20.0):
+        kill(small)
+        assert why is None
+        why = supervisor.poll(now=now)
+        supervisor.poll(now=now + 0.1)  # restarted
+    assert (
+        why == "small crashed 3 times within 60 s (last: killed by SIGKILL); stopping every service"
+    )
+
+
+def test_crashes_older_than_the_window_are_forgotten(children: list[Child], tmp_path: Path) -> None:
+    policy = RestartPolicy(base_s=0.1, max_s=0.1, max_crashes=2, window_s=60.0)
+    supervisor = Supervisor(
+        children, lambda c: True, Console(file=io.StringIO()), tmp_path / "p.json", policy
+    )
+    for now in (0.0, 61.0, 122.0):
+        kill(children[0])
+        assert supervisor.poll(now=now) is None
+        supervisor.poll(now=now + 0.1)
+
+
+def test_stop_drains_gateway_then_router_then_the_rest(tmp_path: Path) -> None:
+    record = tmp_path / "stopped.txt"
+    names = ("small", "large", "gateway", "router")
+    started = [child(tmp_path, n, str(record), n, code=RECORDER) for n in names]
+    for c in started:
+        c.start()
+    deadline = time.monotonic() + 30
+    while not all("ready" in c.log_tail() for c in started):  # SIGTERM handlers installed
+        assert time.monotonic() < deadline, [c.log_tail() for c in started]
+        time.sleep(0.05)
+    stop_in_order(started, grace_s=10)
+    order = record.read_text().split()
+    assert order[:2] == ["gateway", "router"] and sorted(order[2:]) == ["large", "small"]
