@@ -64,6 +64,7 @@ def test_prometheus_scrape_after_chats_has_genai_buckets(tiny_model_dir: Path) -
                     for n in range(4):
                         await client.chat("What is your return policy?" * (1 + n),
                                           mode="pinned", tier="small", max_tokens=8)
+                    await client.chat("Hi", mode="progressive", max_tokens=8)
             finally:
                 await mesh.stop()
 
@@ -79,12 +80,26 @@ def test_prometheus_scrape_after_chats_has_genai_buckets(tiny_model_dir: Path) -
     )
     bounds = sorted({float(le) for le, _ in ttft if le != "+Inf"})
     assert bounds == list(TIME_TO_FIRST_TOKEN)
-    count = re.search(
+    counts = re.findall(
         r"^gen_ai_server_time_to_first_token_seconds_count\{.*\} (\S+)$", scrape, re.M
     )
-    assert count and float(count.group(1)) == 4.0
+    assert sum(float(c) for c in counts) == 6.0  # 4 pinned + a progressive draft and refinement
     tpot = re.findall(r'gen_ai_server_time_per_output_token_seconds_bucket\{.*le="([^"]+)"', scrape)
     assert sorted({float(le) for le in tpot if le != "+Inf"}) == list(TIME_PER_OUTPUT_TOKEN)
+
+    exported = set(re.findall(r"^# TYPE (\S+) ", scrape, re.M))
+    for expr in _dashboard_queries():
+        series = re.sub(r"by \([^)]*\)|\{[^}]*\}", "", expr)  # label names are not metrics
+        for name in re.findall(r"\b((?:tiermesh|gen_ai)_[a-z0-9_]+)", series):
+            base = re.sub(r"_(bucket|sum|count)$", "", name)
+            assert base in exported, f"dashboard query uses {name}, not exported: {expr}"
+
+
+def _dashboard_queries() -> list[str]:
+    dashboard = json.loads((ROOT / "mesh" / "grafana" / "tiermesh-dashboard.json").read_text())
+    queries = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    assert len(queries) >= 10
+    return queries
 
 
 def test_views_spread_samples_over_the_convention_buckets() -> None:
