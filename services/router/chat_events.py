@@ -23,7 +23,7 @@ class TierCallOpening:
     the session opens the call with it when the relay asks for the next event."""
 
     tier: str
-    request_id: str  # the tier request's id: "<chat request id>/<tier>"
+    request_id: str  # the tier request's id, unique per call: "<chat request id>/<tier>/<hex>"
     metadata: list[tuple[str, str]] = field(default_factory=list)
 
 

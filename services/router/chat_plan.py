@@ -1,15 +1,18 @@
-"""What the router decided to run for one chat (ChatPlan), and the clock its Final timings read.
+"""What the router decided to run for one chat (ChatPlan), the clock its Final timings read,
+and the ids of its tier calls.
 
 Plain data: knows the protobuf messages and the policy's RouteChoice; makes no calls.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass, field
 
 from tiermesh.v1 import router_pb2, tier_pb2
 
+from services.common.validation import MAX_REQUEST_ID_CHARS
 from services.router.policy import RouteChoice
 
 
@@ -44,3 +47,11 @@ class SessionClock:
 
     def ms(self) -> float:
         return (time.perf_counter() - self.start) * 1000
+
+
+def tier_request_id(chat_id: str, tier: str) -> str:
+    """The id of one tier call, owned by the router: unique per call (two chats with the same
+    client id never share one, so cancelling one cannot abort the other), the client's id kept
+    as its label, cut so the whole fits the tiers' limit."""
+    suffix = f"/{tier}/{secrets.token_hex(6)}"
+    return chat_id[: MAX_REQUEST_ID_CHARS - len(suffix)] + suffix

@@ -42,7 +42,7 @@ from services.router.chat_outcomes import (
     describe,
     final_event,
 )
-from services.router.chat_plan import ChatPlan, SessionClock
+from services.router.chat_plan import ChatPlan, SessionClock, tier_request_id
 from services.router.revisions import KeptPrefix, delta, revision_end, revision_start
 from services.router.tier_calls import TierCall, TierClient
 
@@ -106,7 +106,7 @@ class ChatSession:
         return self._call_timeout_s if remaining is None else remaining
 
     def _opening(self, tier: str) -> TierCallOpening:
-        return TierCallOpening(tier, f"{self._plan.request_id}/{tier}")
+        return TierCallOpening(tier, tier_request_id(self._plan.request_id, tier))
 
     def _open(self, opening: TierCallOpening, timeout_s: float | None) -> TierCall:
         """Starts the call announced by `opening`, with the metadata observers gave it."""

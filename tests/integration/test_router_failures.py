@@ -7,7 +7,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from tiermesh.client import AsyncRouterClient, ChatError, FinalEvent
+from tiermesh.client import AsyncRouterClient, ChatError, FinalEvent, RouteEvent
 from tiermesh.v1 import router_pb2, router_pb2_grpc
 
 from tests.integration.mesh import hold_stream, leave_after_first_delta, start_mesh
@@ -144,5 +144,65 @@ async def test_draining_tier_finishes_in_flight_streams(tiny_model_dir: Path) ->
             with pytest.raises(ChatError) as caught:
                 await client.chat(PROMPT, mode="pinned", tier="small", max_tokens=4)
             assert caught.value.code == "UNAVAILABLE"
+    finally:
+        await mesh.stop()
+
+
+async def test_two_chats_with_one_client_id_are_apart_at_the_tier(tiny_model_dir: Path) -> None:
+    mesh = await start_mesh(tiny_model_dir, tier_options={"max_tokens": 400}, router_options=LONG)
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            options = {"mode": "pinned", "tier": "small", "max_tokens": 300}
+            reference = await client.chat(PROMPT, **options)
+            ready = asyncio.Event()
+            kept = asyncio.create_task(
+                hold_stream(client, ready, PROMPT, request_id="dup", **options)
+            )
+            await asyncio.wait_for(ready.wait(), 10)
+            # the same client id, cancelled: it must not abort the first chat at the tier
+            await leave_after_first_delta(client, PROMPT, request_id="dup", **options)
+            final = await asyncio.wait_for(kept, 30)
+        assert isinstance(final, FinalEvent)
+        assert final.text == reference.text  # whole, not cut short
+    finally:
+        await mesh.stop()
+
+
+async def test_client_ids_of_the_longest_length_reach_the_tier(
+    tiny_model_dir: Path,
+) -> None:
+    mesh = await start_mesh(tiny_model_dir)
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            result = await client.chat(PROMPT, max_tokens=4, request_id="r" * 128)
+        assert result.final.tier in ("small", "medium", "large")
+    finally:
+        await mesh.stop()
+
+
+async def test_draining_tier_leaves_routing_at_once(tiny_model_dir: Path) -> None:
+    mesh = await start_mesh(tiny_model_dir, tier_options={"max_tokens": 400}, router_options=LONG)
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            assert (await client.chat(PROMPT, max_tokens=4)).tier == "small"
+            ready = asyncio.Event()
+            holder = asyncio.create_task(
+                hold_stream(client, ready, PROMPT, mode="pinned", tier="small", max_tokens=300)
+            )
+            await asyncio.wait_for(ready.wait(), 10)
+            draining = asyncio.create_task(mesh.tiers["small"].running.drain(5))
+            deadline = asyncio.get_running_loop().time() + 10
+            while True:  # the router hears the health change; bounded, not measured
+                result = await client.chat(PROMPT, max_tokens=4)
+                if result.tier != "small":
+                    break
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.01)
+            route = result.events[0]
+            assert isinstance(route, RouteEvent)
+            assert "small health NOT_SERVING" in route.reason and "fallback medium" in route.reason
+            final = await asyncio.wait_for(holder, 30)  # the stream in flight still finishes
+            assert isinstance(final, FinalEvent) and final.tier == "small"
+            await draining
     finally:
         await mesh.stop()

@@ -10,9 +10,10 @@ import grpc
 import pytest
 from tiermesh.v1 import router_pb2, tier_pb2
 
+from services.common.validation import MAX_REQUEST_ID_CHARS
 from services.router.chat_events import SessionEvent
 from services.router.chat_outcomes import UpstreamFailed
-from services.router.chat_plan import ChatPlan, SessionClock
+from services.router.chat_plan import ChatPlan, SessionClock, tier_request_id
 from services.router.chat_session import ChatSession
 from tests.fakes.fake_tier_channels import FakeTierChannels, answer, broken, failure, silent_after
 from tests.unit.test_chat_session import ended, final, kinds, refinement, revision_text, wire
@@ -249,3 +250,10 @@ async def test_tier_calls_carry_the_clients_remaining_deadline() -> None:
     [event async for event in session.events()]
     timeout_s = channels.call("small").timeout_s
     assert timeout_s is not None and 0 < timeout_s <= 2.0
+
+
+def test_tier_request_ids_are_unique_labelled_and_within_the_limit() -> None:
+    ids = {tier_request_id("req-42", "small") for _ in range(100)}
+    assert len(ids) == 100 and all(i.startswith("req-42/small/") for i in ids)
+    longest = tier_request_id("r" * MAX_REQUEST_ID_CHARS, "medium")
+    assert len(longest) == MAX_REQUEST_ID_CHARS and longest.startswith("rrr")
