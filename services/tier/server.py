@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
 from dataclasses import dataclass, replace
@@ -16,7 +17,7 @@ from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
 from services.common import env
 from services.common.config import TierConfig, load_config
-from services.common.errors import TiermeshError
+from services.common.errors import ConfigError, TiermeshError
 from services.common.grpc_service import (
     RunningServer,
     configure_logging,
@@ -73,6 +74,20 @@ async def start_tier(config: TierConfig) -> TierServer:
     return TierServer(config, engine, running)
 
 
+def imported_dtype(model: Path) -> str | None:
+    """The dtype a folder written by `tiermesh models import` was written in (chosen at import),
+    which wins over the tier config's when the model is given with --model; None for any other
+    folder."""
+    origin = model / "tiermesh.json"
+    if not origin.is_file():
+        return None
+    try:
+        dtype = json.loads(origin.read_text()).get("dtype")
+    except (json.JSONDecodeError, AttributeError):
+        raise ConfigError(f"{origin}: not a JSON object") from None
+    return dtype if isinstance(dtype, str) else None
+
+
 def parse_args(argv: list[str], default_config: Path) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Serve one tiermesh model tier over gRPC.")
     parser.add_argument("--config", type=Path, default=default_config, help="tier config (TOML)")
@@ -105,7 +120,9 @@ def main(default_config: Path, argv: list[str] | None = None) -> int:
             metrics_port=args.metrics_port,
         )
         if args.model is not None:
-            config = replace(config, model_path=args.model)
+            dtype = imported_dtype(args.model) or config.dtype
+            config = replace(config, model_path=args.model, dtype=dtype)
+            config.validate()
         threads = env.torch_threads()
         if threads is not None:
             config = replace(config, torch_threads=threads)

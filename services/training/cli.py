@@ -1,4 +1,5 @@
-"""The `models` command: regenerate the workload splits, train the built-in tiers, evaluate them.
+"""The `models` command: regenerate the workload splits, train the built-in tiers, evaluate them,
+import a real checkpoint (model_import.py).
 
 `register(subparsers)` adds it to any argparse CLI; every subcommand's func takes the parsed
 arguments and returns an exit code. Knows the workload, the trainer and the evaluator; nothing of
@@ -21,6 +22,8 @@ from functools import partial
 from itertools import islice
 from pathlib import Path
 from typing import Any
+
+from services.training import model_import
 
 # glibc malloc returns big tensor buffers to the OS on every step unless told not to (~25%);
 # the tokenizer's own thread pool fights torch's for the 2 cores (2x slower steps).
@@ -83,6 +86,8 @@ def register(subparsers: Any) -> None:
     evaluate.add_argument("--show-failures", type=int, default=0, metavar="N")
     evaluate.add_argument("--json", action="store_true", help="print one JSON object last")
     evaluate.set_defaults(func=run_eval)
+
+    model_import.register(sub)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
