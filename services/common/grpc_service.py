@@ -10,14 +10,18 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.common.errors import TiermeshError
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=Message)
 
 # Keepalive: every server pings idle connections and accepts the pings of CHANNEL_OPTIONS
 # clients (a server refuses pings more frequent than min_recv_ping_interval with GOAWAY).
@@ -45,6 +49,82 @@ CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """What a lenient deserializer hands the handler for bytes that are not a valid request:
+    the handler answers INVALID_ARGUMENT with `message` (gRPC itself would answer UNKNOWN
+    before the handler ran)."""
+
+    message: str
+
+
+def lenient_deserializer(cls: type[M]) -> Callable[[bytes], M | Undecodable]:
+    """A request deserializer for `cls` that turns a decode error into Undecodable, naming
+    the string field whose bytes are not UTF-8 when that is the cause."""
+
+    def parse(data: bytes) -> M | Undecodable:
+        try:
+            return cls.FromString(data)
+        except DecodeError as e:
+            field = bad_utf8_field(cls.DESCRIPTOR, data)
+            if field is not None:
+                return Undecodable(f"{field}: not valid UTF-8")
+            return Undecodable(f"request: not a valid {cls.DESCRIPTOR.full_name} ({e})")
+
+    return parse
+
+
+def bad_utf8_field(descriptor: Any, data: bytes, prefix: str = "") -> str | None:
+    """The path (e.g. "messages[1].content") of the first string field in the wire bytes of
+    a message of `descriptor` (a protobuf Descriptor) whose value is not UTF-8; None if there is
+    none or the bytes are malformed otherwise."""
+    seen: dict[int, int] = {}
+    name = ""
+    i = 0
+    try:
+        while i < len(data):
+            key, i = _varint(data, i)
+            number, wire_type = key >> 3, key & 7
+            if wire_type == 0:
+                _, i = _varint(data, i)
+            elif wire_type in (1, 5):
+                i += 8 if wire_type == 1 else 4
+            elif wire_type == 2:
+                length, i = _varint(data, i)
+                value, i = data[i : i + length], i + length
+                field = descriptor.fields_by_number.get(number)
+                if field is None:
+                    continue
+                name = prefix + str(field.name)
+                if field.is_repeated:
+                    seen[number] = seen.get(number, -1) + 1
+                    name += f"[{seen[number]}]"
+                if field.type == FieldDescriptor.TYPE_STRING:
+                    value.decode("utf-8")
+                elif field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type:
+                    found = bad_utf8_field(field.message_type, value, name + ".")
+                    if found is not None:
+                        return found
+            else:
+                return None
+    except UnicodeDecodeError:
+        return name
+    except IndexError:
+        return None
+    return None
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, i
+        shift += 7
 
 
 def status_code(error: TiermeshError) -> grpc.StatusCode:

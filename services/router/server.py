@@ -12,7 +12,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tiermesh.v1 import router_pb2, router_pb2_grpc
+import grpc
+from tiermesh.v1 import router_pb2
 
 from services.common import env
 from services.common.answers import answers_agree
@@ -21,6 +22,7 @@ from services.common.errors import TiermeshError
 from services.common.grpc_service import (
     RunningServer,
     configure_logging,
+    lenient_deserializer,
     serve_until_signalled,
     start_server,
 )
@@ -65,6 +67,26 @@ class RouterServer:
         await self.channels.close()
 
 
+def add_router_service(servicer: RouterServicer, server: grpc.aio.Server) -> None:
+    """Registers RouterService as the generated add_RouterServiceServicer_to_server does, but
+    with lenient request deserializers: a request that does not decode (a string field with
+    bad UTF-8, say) reaches the servicer, which answers INVALID_ARGUMENT naming the field."""
+    handlers = {
+        "Chat": grpc.unary_stream_rpc_method_handler(
+            servicer.Chat,
+            request_deserializer=lenient_deserializer(router_pb2.ChatRequest),
+            response_serializer=router_pb2.ChatEvent.SerializeToString,
+        ),
+        "Feedback": grpc.unary_unary_rpc_method_handler(
+            servicer.Feedback,
+            request_deserializer=lenient_deserializer(router_pb2.FeedbackRequest),
+            response_serializer=router_pb2.FeedbackResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
 async def start_router(config: RouterConfig) -> RouterServer:
     channels = TierChannels(config.tiers)
     watcher = TierLoadWatcher(channels, config.load_watch_interval_ms, config.load_stale_ms)
@@ -85,7 +107,7 @@ async def start_router(config: RouterConfig) -> RouterServer:
     running = await start_server(
         config.host,
         config.port,
-        lambda server: router_pb2_grpc.add_RouterServiceServicer_to_server(servicer, server),
+        lambda server: add_router_service(servicer, server),
         [SERVICE_NAME],
     )
     watcher.start()

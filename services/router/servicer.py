@@ -23,7 +23,7 @@ from tiermesh.v1 import router_pb2, router_pb2_grpc, tier_pb2
 from services.common.answers import answers_agree
 from services.common.config import GATES, RouterConfig
 from services.common.errors import InvalidArgument, TiermeshError
-from services.common.grpc_service import status_code
+from services.common.grpc_service import Undecodable, status_code
 from services.common.tiers import check_tier
 from services.common.validation import (
     check_max_tokens,
@@ -70,8 +70,10 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self._lessons = RoutingLessons(policy, answers_agree)
         self.inflight = 0
 
-    def plan(self, request: router_pb2.ChatRequest) -> ChatPlan:
+    def plan(self, request: router_pb2.ChatRequest | Undecodable) -> ChatPlan:
         """Validates the request and decides mode and tiers; raises InvalidArgument."""
+        if isinstance(request, Undecodable):
+            raise InvalidArgument(request.message)
         config = self._config
         check_request_id(request.request_id)
         if request.mode not in MODES:
@@ -150,7 +152,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         return tier
 
     async def Chat(
-        self, request: router_pb2.ChatRequest, context: grpc.aio.ServicerContext
+        self, request: router_pb2.ChatRequest | Undecodable, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[router_pb2.ChatEvent]:
         clock = SessionClock()
         start_ns = time.time_ns()
@@ -201,8 +203,11 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             telemetry.finish(code, message)
 
     async def Feedback(
-        self, request: router_pb2.FeedbackRequest, context: grpc.aio.ServicerContext
+        self, request: router_pb2.FeedbackRequest | Undecodable, context: grpc.aio.ServicerContext
     ) -> router_pb2.FeedbackResponse:
+        if isinstance(request, Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+            raise AssertionError("abort raises")
         if not 0.0 <= request.score <= 1.0:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"score: must be in [0, 1], got {request.score}"

@@ -206,3 +206,23 @@ async def test_draining_tier_leaves_routing_at_once(tiny_model_dir: Path) -> Non
             await draining
     finally:
         await mesh.stop()
+
+
+async def test_invalid_utf8_is_invalid_argument_naming_the_field(tiny_model_dir: Path) -> None:
+    mesh = await start_mesh(tiny_model_dir)
+    try:
+        request = router_pb2.ChatRequest(messages=[{"role": "user", "content": "MARKER"}])
+        data = request.SerializeToString().replace(b"MARKER", b"\xff\xfeXXXX")
+        async with grpc.aio.insecure_channel(mesh.address) as channel:
+            chat = channel.unary_stream(
+                "/tiermesh.v1.RouterService/Chat",
+                request_serializer=lambda raw: raw,
+                response_deserializer=router_pb2.ChatEvent.FromString,
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                async for _ in chat(data, timeout=10):
+                    pass
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details() == "messages[0].content: not valid UTF-8"
+    finally:
+        await mesh.stop()
