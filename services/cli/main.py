@@ -22,6 +22,7 @@ from services.cli import trace_view
 from services.cli.chat_command import register_chat, register_run
 from services.common.extras import MissingExtra
 from services.routing import cli as routing_cli
+from services.security import cli as security_cli
 from services.training import cli as training_cli
 
 # Each adds its sub-commands to the parser; order is the order of `tiermesh --help`.
@@ -33,6 +34,7 @@ COMMANDS: tuple[Callable[[Any], None], ...] = (
     bench_cli.register,
     routing_cli.register,
     mesh_cli.register,
+    security_cli.register,
 )
 
 

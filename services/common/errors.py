@@ -4,6 +4,8 @@
      ├── InvalidArgument   INVALID_ARGUMENT    the request is wrong; the caller must fix it
      ├── Overloaded        RESOURCE_EXHAUSTED  recoverable: retry later or elsewhere
      ├── Unavailable       UNAVAILABLE         recoverable: the tier is down, loading or draining
+     ├── Unauthenticated   UNAUTHENTICATED     no API key, or one that is unknown or revoked
+     ├── PermissionDenied  PERMISSION_DENIED   a known caller asked for what it may not do
      └── ConfigError       (start-up only)     unrecoverable: a config file or flag is wrong
 
 Knows nothing of grpc: status codes are named by string, and the servers translate them.
@@ -34,6 +36,18 @@ class Unavailable(TiermeshError):
     """The service cannot take work now (loading, draining, shut down). Recoverable."""
 
     status = "UNAVAILABLE"
+
+
+class Unauthenticated(TiermeshError):
+    """The caller did not prove who it is (no API key, or an unknown or revoked one)."""
+
+    status = "UNAUTHENTICATED"
+
+
+class PermissionDenied(TiermeshError):
+    """The caller is known but may not do this (a scope it lacks, another key's request)."""
+
+    status = "PERMISSION_DENIED"
 
 
 class ConfigError(TiermeshError):
