@@ -48,13 +48,14 @@ run: setup  ## start the three tiers and the router, show one streamed answer, s
 test: setup  ## the suite CI runs
 	$(BIN)/python -m pytest -q
 
-lint: setup  ## ruff, mypy, import contracts, buf lint and buf breaking (against main)
+lint: setup  ## ruff, mypy, import contracts, buf lint + breaking (against main), hadolint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BUF) lint
 	scripts/proto_breaking.sh $(BUF)
+	$(BIN)/hadolint Dockerfile
 
 fmt: setup
 	$(BIN)/ruff format .
