@@ -5,7 +5,7 @@ tiermesh mesh status [--json] [--address ADDR]               nodes, ACK/NACK, en
 tiermesh mesh bootstrap [--topology FILE] [--node-id ID]     gRPC xDS bootstrap JSON
 tiermesh mesh bootstrap --validate FILE                      what a bootstrap file lacks
 tiermesh mesh envoy [--topology FILE]                        Envoy bootstrap JSON
-tiermesh mesh k8s [--topology FILE]                          Kubernetes manifests (YAML)
+tiermesh mesh k8s [--topology FILE] [--service-monitor]      Kubernetes manifests (YAML)
 tiermesh mesh probe TARGET [--calls N]                       which backend answers, N calls
 
 Every command reads the same topology file (default: mesh/topology.yaml). Exit codes: 0 ok,
@@ -131,7 +131,7 @@ def cmd_envoy(args: argparse.Namespace) -> int:
 def cmd_k8s(args: argparse.Namespace) -> int:
     from mesh.k8s import manifests_yaml
 
-    sys.stdout.write(manifests_yaml(_topology(args)))
+    sys.stdout.write(manifests_yaml(_topology(args), service_monitor=args.service_monitor))
     return 0
 
 
@@ -224,6 +224,11 @@ def register(subparsers: Any) -> None:
 
     k8s = commands.add_parser("k8s", help="Kubernetes manifests for the mesh (YAML)")
     _with_topology(k8s)
+    k8s.add_argument(
+        "--service-monitor",
+        action="store_true",
+        help="add a Prometheus Operator ServiceMonitor (clusters that run the operator)",
+    )
     k8s.set_defaults(func=_guarded(cmd_k8s))
 
     probe = commands.add_parser("probe", help="call a target and count which backend answers")

@@ -1,8 +1,12 @@
 """Kubernetes manifests for the whole mesh from one topology: per tier cluster (model version) a
 Deployment and a headless Service, per tier a ClusterIP Service, the router and the control plane
-(with the topology in a ConfigMap), all with native `grpc:` probes, requests and limits, a
-non-root read-only securityContext and a Service port named `grpc`; and the HTTP gateway
-(OpenAI API and chat page) with `httpGet /health` probes and a Service port named `http`.
+(with the topology in a ConfigMap), all with native `grpc:` startup, readiness and liveness
+probes, requests and limits (and `nvidia.com/gpu` where the topology asks), a non-root
+read-only securityContext with an emptyDir for /tmp, a Service port named `grpc` and a
+`metrics` port with Prometheus scrape annotations; per tier Deployment a PodDisruptionBudget and
+a HorizontalPodAutoscaler (k8s_policies.py); and the HTTP gateway (OpenAI API and chat page)
+with `httpGet /health` probes and a Service port named `http`. Labels are the recommended
+`app.kubernetes.io/*` set; selectors use only the stable ones.
 
 In the cluster the topology's endpoints become the headless Services' DNS names, which the control
 plane resolves to pod IPs. Plain dictionaries; knows nothing of xDS messages or serving.
@@ -17,11 +21,21 @@ from typing import Any
 import yaml
 
 from mesh.bootstrap import BOOTSTRAP_CONFIG_ENV, grpc_bootstrap
+from mesh.k8s_policies import autoscaler, disruption_budget
+from mesh.k8s_policies import service_monitor as service_monitor_object
 from mesh.topology import Cluster, Endpoint, Resources, Topology, dump_yaml, xds_target
 
 APP = "tiermesh"
+VERSION = "0.1.0"
 TOPOLOGY_MOUNT = "/etc/tiermesh"
 RUN_AS_USER = 10001
+METRICS_PORT = 9464
+# How long a service may take from container start to SERVING before Kubernetes restarts it,
+# in probe periods of 5 s. A tier loads its model first: the built-in ones take ~5 s here
+# (`tiermesh run` prints each service's start-up time), a 135M-parameter model ~30 s; five
+# minutes leave room for a larger model on a slow node. The rest start in a few seconds.
+PROBE_PERIOD_S = 5
+STARTUP_BUDGET_S = {"tier": 300, "router": 60, "control-plane": 60, "gateway": 60}
 GATEWAY_PORT = 8080
 GATEWAY_RESOURCES = Resources("500m", "256Mi")
 
@@ -31,7 +45,18 @@ def _port(address: str) -> int:
 
 
 def _labels(component: str, **extra: str) -> dict[str, str]:
+    """The selector labels of a component: stable across versions (selectors are immutable)."""
     return {"app.kubernetes.io/name": APP, "app.kubernetes.io/component": component, **extra}
+
+
+def _metadata_labels(selector: dict[str, str]) -> dict[str, str]:
+    """Selector labels plus the rest of the recommended set, for objects' metadata."""
+    return {
+        **selector,
+        "app.kubernetes.io/part-of": APP,
+        "app.kubernetes.io/version": VERSION,
+        "app.kubernetes.io/managed-by": "tiermesh-mesh-k8s",
+    }
 
 
 def _service_host(name: str, namespace: str) -> str:
@@ -65,18 +90,24 @@ def _container(
     name: str, command: list[str], port: int, topology: Topology, service: str
 ) -> dict[str, Any]:
     resources = topology.kubernetes.resources_for(service)
-    probe = {"grpc": {"port": port}, "periodSeconds": 5}
+    probe = {"grpc": {"port": port}, "periodSeconds": PROBE_PERIOD_S}
+    kind = "tier" if service not in STARTUP_BUDGET_S else service
+    amounts = {"cpu": resources.cpu, "memory": resources.memory}
+    if resources.gpu:
+        amounts["nvidia.com/gpu"] = str(resources.gpu)
     return {
         "name": name,
         "image": topology.kubernetes.image,
         "command": command,
-        "ports": [{"name": "grpc", "containerPort": port, "protocol": "TCP"}],
-        "readinessProbe": {**probe, "initialDelaySeconds": 2},
-        "livenessProbe": {**probe, "initialDelaySeconds": 30, "failureThreshold": 6},
-        "resources": {
-            "requests": {"cpu": resources.cpu, "memory": resources.memory},
-            "limits": {"cpu": resources.cpu, "memory": resources.memory},
-        },
+        "ports": [
+            {"name": "grpc", "containerPort": port, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        "startupProbe": {**probe, "failureThreshold": STARTUP_BUDGET_S[kind] // PROBE_PERIOD_S},
+        "readinessProbe": probe,
+        "livenessProbe": {**probe, "failureThreshold": 6},
+        "resources": {"requests": amounts, "limits": dict(amounts)},
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": RUN_AS_USER,
@@ -90,16 +121,32 @@ def _container(
 def _deployment(
     name: str, labels: dict[str, str], replicas: int, container: dict[str, Any], **pod: Any
 ) -> dict[str, Any]:
+    """`labels` are the selector labels; `pod` adds to the pod spec (volumes are appended to the
+    /tmp emptyDir every pod has)."""
+    volumes = [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}, *pod.pop("volumes", [])]
+    annotations = {}
+    if any(p["name"] == "metrics" for p in container["ports"]):
+        annotations = {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(METRICS_PORT),
+            "prometheus.io/path": "/metrics",
+        }
+    if "nvidia.com/gpu" in container["resources"]["limits"]:
+        pod.setdefault("tolerations", []).append(
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        )
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "labels": labels},
+        "metadata": {"name": name, "labels": _metadata_labels(labels)},
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": labels},
             "template": {
-                "metadata": {"labels": labels},
+                "metadata": {"labels": _metadata_labels(labels), "annotations": annotations},
                 "spec": {
+                    "automountServiceAccountToken": False,
+                    "volumes": volumes,
                     "securityContext": {
                         "runAsNonRoot": True,
                         "runAsUser": RUN_AS_USER,
@@ -120,7 +167,10 @@ def _service(
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "selector": selector,
-        "ports": [{"name": "grpc", "port": port, "targetPort": "grpc", "protocol": "TCP"}],
+        "ports": [
+            {"name": "grpc", "port": port, "targetPort": "grpc", "protocol": "TCP"},
+            {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+        ],
     }
     if headless:
         spec["clusterIP"] = "None"
@@ -128,7 +178,7 @@ def _service(
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": name, "labels": selector},
+        "metadata": {"name": name, "labels": _metadata_labels(selector)},
         "spec": spec,
     }
 
@@ -144,17 +194,23 @@ def _tier_objects(tier_name: str, cluster: Cluster, topology: Topology) -> list[
         "0.0.0.0",
         "--port",
         str(port),
+        "--metrics-port",
+        str(METRICS_PORT),
     ]
     container = _container(tier_name, command, port, topology, tier_name)
     name = f"tier-{cluster.name}"
+    replicas = max(1, len(cluster.endpoints))
     return [
-        _deployment(name, labels, max(1, len(cluster.endpoints)), container),
+        _deployment(name, labels, replicas, container),
         _service(name, labels, port, headless=True),
+        disruption_budget(name, labels, _metadata_labels(labels)),
+        autoscaler(name, replicas, _metadata_labels(labels)),
     ]
 
 
-def manifests(topology: Topology) -> list[dict[str, Any]]:
-    """Every object, in apply order."""
+def manifests(topology: Topology, service_monitor: bool = False) -> list[dict[str, Any]]:
+    """Every object, in apply order; with `service_monitor`, a Prometheus Operator
+    ServiceMonitor too."""
     namespace = topology.kubernetes.namespace
     in_cluster = cluster_topology(topology)
     control_port = _port(topology.control_plane)
@@ -164,7 +220,10 @@ def manifests(topology: Topology) -> list[dict[str, Any]]:
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": {"name": "tiermesh-topology", "labels": _labels("control-plane")},
+            "metadata": {
+                "name": "tiermesh-topology",
+                "labels": _metadata_labels(_labels("control-plane")),
+            },
             "data": {"topology.yaml": dump_yaml(in_cluster)},
         },
     ]
@@ -182,12 +241,17 @@ def manifests(topology: Topology) -> list[dict[str, Any]]:
         "--host", "0.0.0.0", "--port", str(control_port),
     ]  # fmt: skip
     control = _container("control-plane", control_command, control_port, topology, "control-plane")
-    control["volumeMounts"] = [{"name": "topology", "mountPath": TOPOLOGY_MOUNT, "readOnly": True}]
+    control["ports"] = control["ports"][:1]  # the control plane exports no metrics
+    control["volumeMounts"].append(
+        {"name": "topology", "mountPath": TOPOLOGY_MOUNT, "readOnly": True}
+    )
     volumes = [{"name": "topology", "configMap": {"name": "tiermesh-topology"}}]
     objects.append(
         _deployment("tiermesh-control-plane", control_labels, 1, control, volumes=volumes)
     )
-    objects.append(_service("tiermesh-control-plane", control_labels, control_port))
+    control_service = _service("tiermesh-control-plane", control_labels, control_port)
+    control_service["spec"]["ports"] = control_service["spec"]["ports"][:1]
+    objects.append(control_service)
 
     router_labels = _labels("router")
     tiers = [
@@ -201,6 +265,8 @@ def manifests(topology: Topology) -> list[dict[str, Any]]:
         "0.0.0.0",
         "--port",
         str(router_port),
+        "--metrics-port",
+        str(METRICS_PORT),
         *tiers,
     ]
     router = _container("router", router_command, router_port, topology, "router")
@@ -212,6 +278,8 @@ def manifests(topology: Topology) -> list[dict[str, Any]]:
     objects.append(_deployment("tiermesh-router", router_labels, 1, router))
     objects.append(_service("tiermesh-router", router_labels, router_port))
     objects += _gateway_objects(topology, _service_host("tiermesh-router", namespace), router_port)
+    if service_monitor:
+        objects.append(service_monitor_object(APP, _metadata_labels(_labels("monitoring"))))
     for item in objects[1:]:
         item["metadata"]["namespace"] = namespace
     return objects
@@ -229,23 +297,33 @@ def _gateway_objects(
     ]  # fmt: skip
     container = _container("gateway", command, GATEWAY_PORT, topology, "gateway")
     container["ports"] = [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}]
-    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5}
-    container["readinessProbe"] = {**probe, "initialDelaySeconds": 2}
+    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": PROBE_PERIOD_S}
+    container["startupProbe"] = {
+        "tcpSocket": {"port": "http"},
+        "periodSeconds": PROBE_PERIOD_S,
+        "failureThreshold": STARTUP_BUDGET_S["gateway"] // PROBE_PERIOD_S,
+    }
+    container["readinessProbe"] = probe
     container["livenessProbe"] = {
         "tcpSocket": {"port": "http"},
-        "periodSeconds": 5,
-        "initialDelaySeconds": 10,
+        "periodSeconds": PROBE_PERIOD_S,
         "failureThreshold": 6,
     }
     if "gateway" not in topology.kubernetes.resources:
         limits = {"cpu": GATEWAY_RESOURCES.cpu, "memory": GATEWAY_RESOURCES.memory}
         container["resources"] = {"requests": limits, "limits": dict(limits)}
+    deployment = _deployment("tiermesh-gateway", labels, 1, container)
+    deployment["spec"]["template"]["metadata"]["annotations"] = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(GATEWAY_PORT),
+        "prometheus.io/path": "/metrics",
+    }
     service = _service("tiermesh-gateway", labels, GATEWAY_PORT)
     service["spec"]["ports"] = [
         {"name": "http", "port": GATEWAY_PORT, "targetPort": "http", "protocol": "TCP"}
     ]
-    return [_deployment("tiermesh-gateway", labels, 1, container), service]
+    return [deployment, service]
 
 
-def manifests_yaml(topology: Topology) -> str:
-    return yaml.safe_dump_all(manifests(topology), sort_keys=False)
+def manifests_yaml(topology: Topology, service_monitor: bool = False) -> str:
+    return yaml.safe_dump_all(manifests(topology, service_monitor), sort_keys=False)

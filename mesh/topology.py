@@ -103,6 +103,7 @@ class Resources:
 
     cpu: str = "1"
     memory: str = "2Gi"
+    gpu: int = 0  # nvidia.com/gpu per pod: tiers whose engine is tensorrt_llm or CUDA torch
 
 
 @dataclass(frozen=True)

@@ -257,12 +257,13 @@ def _kubernetes(field: _Field) -> Kubernetes:
     fields = field.mapping(("namespace", "image", "resources"))
     resources: dict[str, Resources] = {}
     if "resources" in fields:
-        names = (*TIER_NAMES, "router", "control-plane")
+        names = (*TIER_NAMES, "router", "control-plane", "gateway")
         for name, item in fields["resources"].mapping(names).items():
-            parts = item.mapping(("cpu", "memory"))
+            parts = item.mapping(("cpu", "memory", "gpu"))
             resources[name] = Resources(
                 cpu=str(_required(parts, "cpu", item).scalar()),
                 memory=_required(parts, "memory", item).text(),
+                gpu=_optional(parts, "gpu", lambda f: f.integer(0, 16), 0),
             )
     return Kubernetes(
         namespace=_optional(fields, "namespace", lambda f: f.text(NAME_PATTERN), "tiermesh"),
