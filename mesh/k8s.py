@@ -31,7 +31,7 @@ TOPOLOGY_MOUNT = "/etc/tiermesh"
 RUN_AS_USER = 10001
 METRICS_PORT = 9464
 # How long a service may take from container start to SERVING before Kubernetes restarts it,
-# in probe periods of 5 s. A tier loads its model first: the built-in ones take ~5 s here
+# in probe periods of 5 s. A tier loads its model first: the built-in ones took 9-12 s here
 # (`tiermesh run` prints each service's start-up time), a 135M-parameter model ~30 s; five
 # minutes leave room for a larger model on a slow node. The rest start in a few seconds.
 PROBE_PERIOD_S = 5
