@@ -30,6 +30,7 @@ class GatewayMesh:
         self.thread.start()
         self.mesh: Mesh | None = None
         self.gateway: RunningGateway | None = None
+        self.extra_gateways: list[RunningGateway] = []  # more gateways tests started, stopped too
 
     def run(self, coroutine: Coroutine[Any, Any, T], timeout_s: float = 60.0) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s)
@@ -59,6 +60,8 @@ class GatewayMesh:
 
     def stop(self) -> None:
         try:
+            for gateway in self.extra_gateways:
+                self.run(gateway.stop())
             if self.gateway is not None:
                 self.run(self.gateway.stop())
             if self.mesh is not None:
