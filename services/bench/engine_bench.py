@@ -3,7 +3,9 @@ Face `generate` (and transformers' own continuous batching when it runs), side b
 run at several concurrency levels, on one model, in this process.
 
 Reports tokens/s, TTFT p50/p99 and time per output token per level, and the batch-1 decode
-rate against the memory-bandwidth bound. Knows torch and the engine; nothing of gRPC.
+rate against the memory-bandwidth bound. A folder written by `tiermesh models import` runs in
+the dtype it was imported in (as a tier serves it), any other in float32. Knows torch and the
+engine; nothing of gRPC.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 from services.common.config import TierConfig
 from services.common.percentiles import percentile
 from services.tier.engine import GenerationRequest
-from services.tier.model_loading import LoadedModel, load_causal_lm
+from services.tier.model_loading import LoadedModel, imported_dtype, load_causal_lm
 from services.tier.tokenizer_loading import encode_prompt, render_prompt
 from services.tier.torch_engine import TorchEngine
 
@@ -80,11 +82,12 @@ def prompt_ids(loaded: LoadedModel, n: int, prompts: list[str]) -> list[list[int
 
 
 async def run_ours(
-    model: Path, concurrency: int, max_tokens: int, prompts: list[str]
+    model: Path, concurrency: int, max_tokens: int, prompts: list[str], dtype: str = "float32"
 ) -> LevelResult:
     config = TierConfig(
         name="large",
         model_path=model,
+        dtype=dtype,
         max_running=concurrency,
         max_queued=0,
         max_tokens=max_tokens,
@@ -253,13 +256,14 @@ def run_engine_bench(
     progress: Any = None,
 ) -> dict[str, Any]:
     prompts = prompts or DEFAULT_PROMPTS
-    loaded = _in_own_thread(load_causal_lm, model)
+    dtype = imported_dtype(model) or "float32"
+    loaded = _in_own_thread(load_causal_lm, model, "cpu", dtype)
     rows: list[LevelResult] = []
     skipped: dict[str, str] = {}
     for level in levels:
         if progress:
             progress(f"{level} streams: tiermesh engine")
-        rows.append(asyncio.run(run_ours(model, level, max_tokens, prompts)))
+        rows.append(asyncio.run(run_ours(model, level, max_tokens, prompts, dtype)))
         if progress:
             progress(f"{level} streams: sequential generate")
         rows.append(_in_own_thread(run_generate, loaded, level, max_tokens, prompts))
@@ -276,6 +280,7 @@ def run_engine_bench(
     report: dict[str, Any] = {
         "model": str(model),
         "params": loaded.params,
+        "dtype": dtype,
         "max_tokens": max_tokens,
         "torch_threads": torch.get_num_threads(),
         "levels": levels,

@@ -49,6 +49,20 @@ def check_model_folder(path: Path) -> None:
         raise ModelFolderError(f"model folder {path} lacks {', '.join(missing)}")
 
 
+def imported_dtype(path: Path) -> str | None:
+    """The dtype a folder written by `tiermesh models import` was written in (its tiermesh.json),
+    chosen at import as the one to serve it in; None for any other folder."""
+    origin = path / "tiermesh.json"
+    if not origin.is_file():
+        return None
+    try:
+        record = json.loads(origin.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelFolderError(f"{origin}: not valid JSON: {e}") from None
+    dtype = record.get("dtype") if isinstance(record, dict) else None
+    return dtype if isinstance(dtype, str) else None
+
+
 def load_causal_lm(path: Path, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
     """Loads the model and tokenizer in `path` onto `device` with weights in `dtype`."""
     from transformers import AutoModelForCausalLM

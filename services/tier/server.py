@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import sys
 from dataclasses import dataclass, replace
@@ -17,7 +16,7 @@ from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
 from services.common import env
 from services.common.config import TierConfig, load_config
-from services.common.errors import ConfigError, TiermeshError
+from services.common.errors import TiermeshError
 from services.common.grpc_service import (
     RunningServer,
     configure_logging,
@@ -27,6 +26,7 @@ from services.common.grpc_service import (
 from services.common.telemetry import setup_telemetry
 from services.tier.engine import Engine
 from services.tier.factory import create_engine
+from services.tier.model_loading import imported_dtype
 from services.tier.servicer import TierServicer
 
 log = logging.getLogger(__name__)
@@ -72,20 +72,6 @@ async def start_tier(config: TierConfig) -> TierServer:
         raise
     await running.set_serving(True)
     return TierServer(config, engine, running)
-
-
-def imported_dtype(model: Path) -> str | None:
-    """The dtype a folder written by `tiermesh models import` was written in (chosen at import),
-    which wins over the tier config's when the model is given with --model; None for any other
-    folder."""
-    origin = model / "tiermesh.json"
-    if not origin.is_file():
-        return None
-    try:
-        dtype = json.loads(origin.read_text()).get("dtype")
-    except (json.JSONDecodeError, AttributeError):
-        raise ConfigError(f"{origin}: not a JSON object") from None
-    return dtype if isinstance(dtype, str) else None
 
 
 def parse_args(argv: list[str], default_config: Path) -> argparse.Namespace:

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from services.cli.main import main as tiermesh
-from services.tier.model_loading import load_causal_lm
-from services.tier.server import imported_dtype
+from services.tier.model_loading import imported_dtype, load_causal_lm
 from services.training.model_import import (
     ORIGIN_FILE,
     ImportFailed,

@@ -17,8 +17,8 @@ from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
 
 from services.common.config import TierConfig
 from services.tier.engine import GenerationRequest
-from services.tier.model_loading import LoadedModel, load_causal_lm
-from services.tier.server import imported_dtype, start_tier
+from services.tier.model_loading import LoadedModel, imported_dtype, load_causal_lm
+from services.tier.server import start_tier
 from services.tier.tokenizer_loading import encode_prompt, load_tokenizer, render_prompt
 from services.tier.torch_engine import TorchEngine
 from services.training.model_import import ORIGIN_FILE, import_model, package_gguf, sha256_of
