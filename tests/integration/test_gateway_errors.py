@@ -4,6 +4,7 @@ authorization the gateway forwards."""
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,3 +91,28 @@ def test_trace_context_and_authorization_go_to_the_router() -> None:
     assert metadata["authorization"] == "Bearer k-123"
     version, sent_trace_id, _parent, _flags = metadata["traceparent"].split("-")
     assert (version, sent_trace_id) == ("00", format_trace_id(int(trace_id, 16)))
+
+
+def test_failure_after_the_stream_started_is_an_error_event(tiny_model_dir: Path) -> None:
+    mesh = GatewayMesh.start(
+        tiny_model_dir, tiers=("small", "large"), tier_options=LONG, router_options=LONG
+    )
+    try:
+        assert mesh.mesh is not None
+        small = mesh.mesh.tiers["small"]
+        body = {"model": "tiermesh-small", "messages": MESSAGES, "stream": True, "max_tokens": 400}
+        lines = []
+        url = f"{mesh.url}/v1/chat/completions"
+        with httpx.stream("POST", url, json=body, timeout=30) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                lines.append(line)
+                if len(lines) == 1:
+                    mesh.run(small.stop(0))  # the tier goes away mid-answer
+    finally:
+        mesh.stop()
+    events = [line.removeprefix("data: ") for line in lines if line]
+    assert events[-1] != "[DONE]"
+    error = json.loads(events[-1])["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] in ("unavailable", "cancelled", "internal", "unknown")
