@@ -26,6 +26,18 @@ def _model_overrides(values: list[str]) -> dict[str, Path]:
     return models
 
 
+def _replica_counts(value: str) -> dict[str, int]:
+    """`small=2,large=2` as {tier: processes}."""
+    counts = {}
+    for part in value.split(","):
+        tier, _, count = part.strip().partition("=")
+        if tier not in TIER_NAMES or not count.isdigit() or not 1 <= int(count) <= 8:
+            expected = "TIER=N[,TIER=N] with N in [1, 8]"
+            raise SystemExit(f"tiermesh: --replicas expects {expected}, got {part!r}")
+        counts[tier] = int(count)
+    return counts
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from services.launcher.local_mesh import run_mesh
 
@@ -36,6 +48,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         demo_prompt=None if args.no_demo else args.demo_prompt,
         mesh=args.mesh,
         http_port=args.http_port,
+        replicas=_replica_counts(args.replicas) if args.replicas else None,
     )
 
 
@@ -89,6 +102,11 @@ def register_run(commands: Any) -> None:
         "--mesh",
         action="store_true",
         help="also start the xDS control plane; the router reaches tiers via xds:///tier-NAME",
+    )
+    run.add_argument(
+        "--replicas",
+        metavar="TIER=N[,TIER=N]",
+        help="run N processes of a tier (e.g. small=2); the router balances over them by load",
     )
     run.set_defaults(func=cmd_run)
 

@@ -79,7 +79,8 @@ class RouterConfig:
             "medium": "127.0.0.1:50062",
             "large": "127.0.0.1:50063",
         }
-    )  # tier name -> gRPC target ("host:port" or "xds:///tier-small")
+    )  # tier name -> gRPC target: "host:port", several "host:port" separated by commas (the
+    # tier's replicas; the router balances over them by load), or "xds:///tier-small"
     host: str = "127.0.0.1"
     port: int = 50051
     policy: str = "interim_heuristic"  # routing policy for MODE_ROUTED (see POLICIES)
@@ -126,8 +127,15 @@ class RouterConfig:
     min_draft_confidence: float = 0.9  # geometric-mean token probability of a confident draft
 
     def validate(self) -> None:
-        for tier in self.tiers:
+        for tier, target in self.tiers.items():
             _require(tier in TIER_NAMES, "tiers", f"unknown tier {tier!r}")
+            parts = [part.strip() for part in target.split(",")]
+            _require(all(parts), "tiers", f"{tier}: empty address in {target!r}")
+            _require(
+                len(parts) == 1 or not target.startswith("xds:"),
+                "tiers",
+                f"{tier}: an xds:/// target stands alone (xDS balances its endpoints)",
+            )
         for name in ("draft_tier", "refine_tier"):
             _require(getattr(self, name) in self.tiers, name, "must be a configured tier")
         _require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")

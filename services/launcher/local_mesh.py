@@ -75,6 +75,13 @@ BASE_PORT_OFFSETS = (0, 10, 11, 12, 20, 21, 22, 23, 30, 40)
 DEFAULT_HTTP_PORT = 8080
 
 
+def free_port() -> int:
+    """A port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def free_base_port(attempts: int = 50) -> int:
     """A base port whose whole `--base-port` layout is free on 127.0.0.1 right now."""
     for _ in range(attempts):
@@ -104,9 +111,13 @@ def plan_children(
     run_dir: Path,
     mesh: bool = False,
     http_port: int | None = None,
+    replicas: dict[str, int] | None = None,
 ) -> list[Child]:
     """The processes to start (the gateway, then the router last); raises ConfigError if a
-    model folder is missing."""
+    model folder is missing. `replicas` runs that many processes of a tier ("small", "small-2",
+    ...; those past the first on free ports, metrics off), all given to the router."""
+    if mesh and any(n > 1 for n in (replicas or {}).values()):
+        raise ConfigError("--replicas: not supported with --mesh yet")
     children = []
     tier_targets = []
     tier_ports = {}
@@ -119,14 +130,20 @@ def plan_children(
                 f"tier {tier}: no model at {model} (train the built-in family with "
                 f"`make models`, or pass --model {tier}=PATH)"
             )
-        command = [sys.executable, "-m", f"services.tier_{tier}", "--model", str(model)]
+        tier_command = [sys.executable, "-m", f"services.tier_{tier}", "--model", str(model)]
+        tier_command += ["--device", device] if device is not None else []
+        command = list(tier_command)
         if port is not None and base_port is not None:
             command += ["--port", str(port), "--metrics-port", str(base_port + 20 + index)]
-        if device is not None:
-            command += ["--device", device]
         address = f"{config.host}:{config.port}"
         children.append(Child(tier, address, command, run_dir / f"{tier}.log"))
-        tier_targets += ["--tier", f"{tier}={address}"]
+        addresses = [address]
+        for n in range(2, (replicas or {}).get(tier, 1) + 1):
+            name, port = f"{tier}-{n}", free_port()
+            replica = [*tier_command, "--port", str(port), "--metrics-port", "0"]
+            addresses.append(f"{config.host}:{port}")
+            children.append(Child(name, addresses[-1], replica, run_dir / f"{name}.log"))
+        tier_targets += ["--tier", f"{tier}={','.join(addresses)}"]
         tier_ports[tier] = config.port
     router_port = 50051 if base_port is None else base_port
     router_address = f"127.0.0.1:{router_port}"
@@ -264,6 +281,7 @@ def run_mesh(
     console: Console | None = None,
     mesh: bool = False,
     http_port: int | None = None,
+    replicas: dict[str, int] | None = None,
 ) -> int:
     console = console or Console()
     run_dir = Path(env.run_dir())
@@ -272,7 +290,13 @@ def run_mesh(
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         children = plan_children(
-            base_port, models, device, run_dir / "logs", mesh=mesh, http_port=http_port
+            base_port,
+            models,
+            device,
+            run_dir / "logs",
+            mesh=mesh,
+            http_port=http_port,
+            replicas=replicas,
         )
     except ConfigError as e:
         console.print(f"[red]tiermesh run:[/red] {e}")

@@ -38,6 +38,7 @@ class TierCallEnded:
     code: str  # a gRPC status name: OK, CANCELLED (the router cancelled it), or the tier's
     message: str = ""
     usage: common_pb2.Usage | None = None  # the tier's usage, when it finished
+    endpoint: str = ""  # the replica of the tier the call went to (its address)
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,11 @@ tiers together, streams the draft as revision 0, then the refinement as revision
 if the refinement fails or runs over its budget, the draft is the answer. Every upstream call
 still running when the session ends (client gone, error, deadline) is cancelled.
 
-Failover (the plan's `fallbacks`, each tier at most once): a call that fails before its first
-chunk (ROUTED, and any refinement) is retried once on the next tier unseen, in the same
-revision; a call that fails after streaming goes on on the next tier as a new revision that
-replaces the broken one, its kept prefix computed against the text the client already has.
+Failover: a failed call moves on to another replica of its tier while one is left untried,
+then along the plan's `fallbacks` (each tier at most once). One that fails before its first
+chunk is retried there unseen, in the same revision (on another tier only once, and only for
+ROUTED chats and refinements); one that fails after streaming goes on there as a new revision
+that replaces the broken one, its kept prefix computed against the text the client already has.
 Final.reason says what happened. A call with no chunk for the stall timeout has failed.
 
 Knows the tier calls and the wire events; knows nothing of telemetry or learning, which watch the
@@ -43,11 +44,11 @@ from services.router.chat_outcomes import (
     final_event,
 )
 from services.router.chat_plan import ChatPlan, SessionClock, tier_request_id
+from services.router.first_chunk import Chunks, first_chunk_race, prepend
 from services.router.revisions import KeptPrefix, delta, revision_end, revision_start
 from services.router.tier_calls import TierCall, TierClient
 
 FINAL_MARGIN_S = 0.05  # time kept back from the client's deadline to send Final after a refine
-Chunks = AsyncIterator[tier_pb2.GenerateChunk]
 
 
 class ChatSession:
@@ -113,11 +114,22 @@ class ChatSession:
         request = tier_pb2.GenerateRequest()
         request.CopyFrom(self._plan.generate)
         request.request_id = opening.request_id
+        tier = opening.tier
+        endpoint = self._tiers.pick(tier, self._tried()) or self._tiers.endpoints(tier)[0]
         call = TierCall(
-            self._tiers, opening.tier, request, timeout_s, opening.metadata, self._stall_s
+            self._tiers, tier, endpoint, request, timeout_s, opening.metadata, self._stall_s
         )
         self._calls.append(call)
         return call
+
+    def _tried(self) -> set[str]:
+        return {call.endpoint for call in self._calls}
+
+    def _who(self, call: TierCall) -> str:
+        """The call's tier, and its replica when the tier has several."""
+        if len(self._tiers.endpoints(call.tier)) > 1:
+            return f"{call.tier} ({call.endpoint})"
+        return call.tier
 
     def _ended(self, call: TierCall) -> list[TierCallEnded]:
         """The call's TierCallEnded, once: by its failure, its finish, or else as cancelled."""
@@ -129,7 +141,7 @@ class ChatSession:
             code, message = call.error.code().name, call.error.details() or ""
         elif call.finished:
             code, message = "OK", ""
-        return [TierCallEnded(call.tier, call.request_id, code, message, call.usage)]
+        return [TierCallEnded(call.tier, call.request_id, code, message, call.usage, call.endpoint)]
 
     async def _single(self) -> AsyncIterator[SessionEvent]:
         plan = self._plan
@@ -143,12 +155,12 @@ class ChatSession:
             self._racing.append(first)
             done, _ = await asyncio.wait({first}, timeout=plan.first_token_timeout_s)
             if done:
-                chunks = _prepend(first, chunks)
+                chunks = prepend(first, chunks)
             else:  # no first chunk in time: the fallback tier races it
                 opening = self._opening(plan.fallback_tier)
                 yield opening
                 backup = self._open(opening, self._remaining_s())
-                winner, chunks = await self._first_chunk_race(call, chunks, first, backup)
+                winner, chunks = await first_chunk_race(call, chunks, first, backup, self._racing)
                 for ended in self._ended(backup if winner is call else call):
                     yield ended
                 if winner is backup:
@@ -179,7 +191,8 @@ class ChatSession:
     ) -> AsyncIterator[SessionEvent]:
         """Streams `result.call` as `result.revision` (replacing `previous`, the text the client
         has of the revision before, if any); when it fails, moves on along the plan's fallbacks
-        (see the module's docstring). `result` holds where it ended."""
+        (see the module's docstring); another replica of the same tier comes first. `result`
+        holds where it ended."""
         call = result.call
         while True:
             outcome = RevisionOutcome()
@@ -190,45 +203,35 @@ class ChatSession:
             chunks = None
             result.call, result.complete, result.error = call, outcome.complete, outcome.error
             error = outcome.error
-            called = {c.tier for c in self._calls}
-            left = [tier for tier in self._plan.fallbacks if tier not in called]
-            if error is None or error.code() not in FAILOVER_CODES or not left:
+            if error is None or error.code() not in FAILOVER_CODES:
                 return
+            tried = self._tried()
+            if any(e not in tried for e in self._tiers.endpoints(call.tier)):
+                after, where = call.tier, f"another {call.tier} replica"
+            else:
+                called = {c.tier for c in self._calls}
+                left = [tier for tier in self._plan.fallbacks if tier not in called]
+                if not left:
+                    return
+                after = where = left[0]
+            who = f"{self._who(call)} failed"
             if outcome.started:
                 result.notes.append(
-                    f"{call.tier} failed after {len(call.text)} characters ({describe(error)}); "
-                    f"{left[0]} went on as revision {result.revision + 1}"
+                    f"{who} after {len(call.text)} characters ({describe(error)}); "
+                    f"{where} went on as revision {result.revision + 1}"
                 )
                 previous = call.text
                 result.revision += 1
-            elif retry_first:
+            elif after == call.tier or retry_first:
                 result.notes.append(
-                    f"{call.tier} failed before its first token ({describe(error)}); "
-                    f"retried on {left[0]}"
+                    f"{who} before its first token ({describe(error)}); retried on {where}"
                 )
-                retry_first = False
+                retry_first = retry_first and after == call.tier
             else:
                 return
-            opening = self._opening(left[0])
+            opening = self._opening(after)
             yield opening
             call = self._open(opening, timeout_s())
-
-    async def _first_chunk_race(
-        self, call: TierCall, chunks: Chunks, first: asyncio.Future[Any], backup: TierCall
-    ) -> tuple[TierCall, Chunks]:
-        """Whichever of `call` (its first chunk pending in `first`) and `backup` streams first
-        wins; the other is cancelled. A call that fails loses."""
-        backup_chunks = backup.chunks()
-        second = asyncio.ensure_future(anext(backup_chunks))
-        self._racing.append(second)
-        done, _ = await asyncio.wait({first, second}, return_when=asyncio.FIRST_COMPLETED)
-        if first in done and not first.exception():
-            second.cancel()
-            backup.cancel()
-            return call, _prepend(first, chunks)
-        first.cancel()
-        call.cancel()
-        return backup, _prepend(second, backup_chunks)
 
     async def _progressive(self) -> AsyncIterator[SessionEvent]:
         plan = self._plan
@@ -386,14 +389,3 @@ class ChatSession:
             events.append(RefinementSettled(refinement))
         events.append(final_event(self._calls, call, revision, reason, self._clock))
         return events
-
-
-async def _prepend(first: asyncio.Future[Any], rest: Chunks) -> Chunks:
-    """The chunk `first` resolves to, then the rest of the stream. A stream that ended before
-    any chunk simply ends; a failed one raises its error."""
-    try:
-        yield await first
-    except StopAsyncIteration:
-        return
-    async for chunk in rest:
-        yield chunk

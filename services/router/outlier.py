@@ -1,9 +1,10 @@
-"""Passive ejection of failing tiers, in the manner of Envoy's outlier detection: after N
-consecutive failed calls a tier is ejected for base x 2^k (k = how often it was ejected before,
+"""Passive ejection of failing tier replicas, in the manner of Envoy's outlier detection: after
+N consecutive failed calls a replica is ejected for base x 2^k (k = how often it was ejected before,
 capped at max); when that time is up, one probe call is let through, and its outcome either
-restores the tier (k back to 0) or ejects it again for longer.
+restores the replica (k back to 0) or ejects it again for longer.
 
-Pure bookkeeping over tier names and a clock passed in; knows nothing of gRPC or routing.
+Pure bookkeeping over replica names (their addresses) and a clock passed in; knows nothing of
+gRPC or routing.
 """
 
 from __future__ import annotations
@@ -48,11 +49,10 @@ class OutlierDetector:
         if now < record.ejected_until:
             left = record.ejected_until - now
             return (
-                f"{tier} ejected after {self._failures} failed calls in a row "
-                f"({left * 1000:.0f} ms left)"
+                f"ejected after {self._failures} failed calls in a row ({left * 1000:.0f} ms left)"
             )
         if record.probe_since is not None and now - record.probe_since < self._probe_timeout_s:
-            return f"{tier} ejected, its probe call still running"
+            return "ejected, its probe call still running"
         return None
 
     def starting(self, tier: str, now: float) -> None:
@@ -78,10 +78,3 @@ class OutlierDetector:
             record.ejections += 1
             record.ejected_until = now + hold
             record.consecutive_failures = 0
-
-    def ejection_s(self, tier: str, now: float) -> float:
-        """Seconds of ejection left for `tier` (0 when none)."""
-        record = self._tiers.get(tier)
-        if record is None or record.ejected_until is None:
-            return 0.0
-        return max(0.0, record.ejected_until - now)

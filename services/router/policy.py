@@ -46,6 +46,11 @@ class TierLoad:
     def queue_full(self) -> bool:
         return self.queued >= self.max_queued and self.running >= self.max_running
 
+    @property
+    def fill(self) -> float:
+        """How busy the tier is: requests running and queued per decoding slot."""
+        return (self.running + self.queued) / max(1, self.max_running)
+
 
 Loads = Mapping[str, TierLoad | None]  # tier name -> last known load (None: unknown)
 

@@ -96,13 +96,15 @@ async def start_router(config: RouterConfig) -> RouterServer:
         config.ejection_max_ms / 1000,
         probe_timeout_s=config.stall_timeout_ms / 1000,
     )
+    health = TierHealth(channels.replicas, watcher, outliers)
+    channels.picker = health.pick
     servicer = RouterServicer(
         config,
         channels,
         create_policy(config),
         watcher.loads,
         answers_agree=answers_agree,
-        health=TierHealth(watcher.down, outliers),
+        health=health,
     )
     running = await start_server(
         config.host,

@@ -1,5 +1,6 @@
 """The router's side of the tiers: the small TierClient interface the chat session starts calls
-through, its gRPC implementation (one channel per tier), and TierCall, one streaming call.
+through, its gRPC implementation (one channel per replica of each tier), and TierCall, one
+streaming call.
 
 Knows gRPC and the tier contract; knows nothing of revisions, routing policy or telemetry.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
 import grpc
@@ -37,47 +38,83 @@ class GenerateStream(Protocol):
 
 
 class TierClient(Protocol):
-    """Starts Generate calls on named tiers: what a chat session needs of the tiers."""
+    """Starts Generate calls on the tiers' replicas: what a chat session needs of the tiers."""
+
+    def endpoints(self, tier: str) -> tuple[str, ...]:
+        """The tier's replicas (their gRPC targets), in configured order; at least one."""
+        ...
+
+    def pick(self, tier: str, avoid: Collection[str]) -> str | None:
+        """The replica of `tier` a new call goes to, none of `avoid` (replicas already tried):
+        one able to take it, least loaded first; None when every replica is in `avoid`."""
+        ...
 
     def generate(
         self,
         tier: str,
+        endpoint: str,
         request: tier_pb2.GenerateRequest,
         timeout_s: float | None,
         metadata: Sequence[tuple[str, str]],
     ) -> GenerateStream:
-        """Starts the call now; `timeout_s` None means no deadline, else the call ends with
-        DEADLINE_EXCEEDED once it passes. `metadata` travels as the call's initial metadata."""
+        """Starts the call on `endpoint` (a replica of `tier`) now; `timeout_s` None means no
+        deadline, else the call ends with DEADLINE_EXCEEDED once it passes. `metadata` travels
+        as the call's initial metadata."""
         ...
 
 
+Picker = Callable[[str, Sequence[str]], str]  # (tier, candidate replicas) -> the one to use
+
+
+def split_targets(target: str) -> tuple[str, ...]:
+    """A tier's replicas from its configured target: "host:port", several separated by commas,
+    or one xds:/// target (the xDS client balances over its endpoints)."""
+    return tuple(part.strip() for part in target.split(",") if part.strip())
+
+
 class TierChannels:
-    """A gRPC channel and stub per configured tier (plain host:port or an xds:/// target)."""
+    """A gRPC channel and stub per replica of each configured tier (plain host:port or an
+    xds:/// target). Which replica a call goes to is the `picker`'s choice (the router's tier
+    health); without one, the first not yet tried."""
 
     def __init__(self, targets: Mapping[str, str]) -> None:
         self.targets = dict(targets)
+        self.replicas = {tier: split_targets(target) for tier, target in targets.items()}
         self._channels = {
-            tier: grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-            for tier, target in targets.items()
+            endpoint: grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+            for endpoints in self.replicas.values()
+            for endpoint in endpoints
         }
         self._stubs = {
-            tier: tier_pb2_grpc.TierServiceStub(channel) for tier, channel in self._channels.items()
+            endpoint: tier_pb2_grpc.TierServiceStub(channel)
+            for endpoint, channel in self._channels.items()
         }
+        self.picker: Picker | None = None
 
-    def stub(self, tier: str) -> tier_pb2_grpc.TierServiceStub:
-        return self._stubs[tier]
+    def endpoints(self, tier: str) -> tuple[str, ...]:
+        return self.replicas[tier]
 
-    def channel(self, tier: str) -> grpc.aio.Channel:
-        return self._channels[tier]
+    def stub(self, endpoint: str) -> tier_pb2_grpc.TierServiceStub:
+        return self._stubs[endpoint]
+
+    def channel(self, endpoint: str) -> grpc.aio.Channel:
+        return self._channels[endpoint]
+
+    def pick(self, tier: str, avoid: Collection[str]) -> str | None:
+        left = [endpoint for endpoint in self.replicas[tier] if endpoint not in avoid]
+        if not left:
+            return None
+        return self.picker(tier, left) if self.picker is not None else left[0]
 
     def generate(
         self,
         tier: str,
+        endpoint: str,
         request: tier_pb2.GenerateRequest,
         timeout_s: float | None,
         metadata: Sequence[tuple[str, str]],
     ) -> GenerateStream:
-        call: GenerateStream = self._stubs[tier].Generate(
+        call: GenerateStream = self._stubs[endpoint].Generate(
             request, timeout=timeout_s, metadata=tuple(metadata)
         )
         return call
@@ -104,17 +141,19 @@ class TierCall:
         self,
         client: TierClient,
         tier: str,
+        endpoint: str,
         request: tier_pb2.GenerateRequest,
         timeout_s: float | None,
         metadata: Sequence[tuple[str, str]] = (),
         stall_s: float | None = None,
     ) -> None:
         self.tier = tier
+        self.endpoint = endpoint
         self.request_id = request.request_id
         self.timeout_s = timeout_s
         self.stall_s = stall_s
         self.chunk_count = 0
-        self.call = client.generate(tier, request, timeout_s, metadata)
+        self.call = client.generate(tier, endpoint, request, timeout_s, metadata)
         self.text = ""
         self.logprobs: list[float] = []
         self.usage: common_pb2.Usage | None = None

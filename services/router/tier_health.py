@@ -1,21 +1,43 @@
-"""Whether a tier may take a new call now: what the tier itself reports (its load and health
-streams, tier_loads.py) and what its calls show (passive ejection, outlier.py), in one answer
-with the reason. Its observer feeds each chat's tier-call outcomes to the ejection bookkeeping.
+"""Whether a tier, and which of its replicas, may take a new call now: what each replica reports
+itself (its load and health streams, tier_loads.py) and what its calls show (passive ejection,
+outlier.py), with the reason when none may. Picks the replica a call goes to (the least loaded
+able one, in turn among equals), and as a chat observer feeds each call's outcome to the
+ejection bookkeeping.
 
-Knows the chat events and tier names; knows nothing of gRPC channels or policies.
+Knows the chat events, tier and replica names; knows nothing of gRPC channels or policies.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
-from services.router.chat_events import SessionEvent, TierCallEnded, TierCallOpening
-from services.router.fallback import Down, never_down
+from services.router.chat_events import SessionEvent, TierCallEnded
 from services.router.outlier import OutlierDetector
+from services.router.policy import TierLoad
 
 log = logging.getLogger(__name__)
+
+
+class ReplicaReports(Protocol):
+    """What the replicas say of themselves (tier_loads.TierLoadWatcher)."""
+
+    def endpoint_down(self, endpoint: str) -> str | None: ...
+
+    def endpoint_load(self, endpoint: str) -> TierLoad | None: ...
+
+
+class NoReports:
+    """Every replica up, load unknown: for a router that watches nothing (tests)."""
+
+    def endpoint_down(self, endpoint: str) -> str | None:
+        return None
+
+    def endpoint_load(self, endpoint: str) -> TierLoad | None:
+        return None
 
 
 class TierHealth:
@@ -23,30 +45,75 @@ class TierHealth:
 
     def __init__(
         self,
-        reports: Down = never_down,
+        replicas: Mapping[str, Sequence[str]] | None = None,
+        reports: ReplicaReports | None = None,
         outliers: OutlierDetector | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._reports = reports
+        """`replicas`: tier -> its replicas' addresses (none: nothing is ever down)."""
+        self._replicas = {tier: tuple(endpoints) for tier, endpoints in (replicas or {}).items()}
+        self._reports = reports if reports is not None else NoReports()
         self._outliers = outliers
         self._clock = clock
+        self._turn = itertools.count()
 
-    def down(self, tier: str) -> str | None:
-        """Why `tier` must not take a new call now, or None if it may."""
-        why = self._reports(tier)
+    def endpoint_down(self, endpoint: str) -> str | None:
+        """Why the replica must not take a new call now, or None if it may."""
+        why = self._reports.endpoint_down(endpoint)
         if why is None and self._outliers is not None:
-            why = self._outliers.blocked(tier, self._clock())
+            why = self._outliers.blocked(endpoint, self._clock())
         return why
 
+    def down(self, tier: str) -> str | None:
+        """Why `tier` must not take a new call now (no replica may), or None if it may."""
+        endpoints = self._replicas.get(tier, ())
+        reasons = []
+        for endpoint in endpoints:
+            why = self.endpoint_down(endpoint)
+            if why is None:
+                return None
+            reasons.append(f"{endpoint}: {why}")
+        if not reasons:
+            return None
+        if len(endpoints) == 1:
+            return f"{tier} {reasons[0].partition(': ')[2]}"
+        return f"{tier} has no replica able to serve ({'; '.join(reasons)})"
+
+    def pick(self, tier: str, candidates: Sequence[str]) -> str:
+        """The replica among `candidates` a new call goes to: able ones before the rest, the
+        least loaded first, in turn among equals. A replica past its ejection takes it as its
+        probe."""
+        turn = next(self._turn)
+
+        def rank(indexed: tuple[int, str]) -> tuple[bool, float, int]:
+            index, endpoint = indexed
+            load = self._reports.endpoint_load(endpoint)
+            fill = load.fill if load is not None else 0.0
+            return (
+                self.endpoint_down(endpoint) is not None,
+                fill,
+                (index - turn) % len(candidates),
+            )
+
+        endpoint = min(enumerate(candidates), key=rank)[1]
+        if self._outliers is not None:
+            self._outliers.starting(endpoint, self._clock())
+        return endpoint
+
     def observe(self, event: SessionEvent) -> None:
-        """A ChatObserver: counts each tier call's outcome for or against its tier."""
-        if self._outliers is None:
+        """A ChatObserver: counts each tier call's outcome for or against its replica."""
+        if self._outliers is None or not isinstance(event, TierCallEnded):
             return
-        if isinstance(event, TierCallOpening):
-            self._outliers.starting(event.tier, self._clock())
-        elif isinstance(event, TierCallEnded):
-            now = self._clock()
-            was = self._outliers.blocked(event.tier, now)
-            self._outliers.ended(event.tier, event.code, now)
-            if was is None and (why := self._outliers.blocked(event.tier, now)) is not None:
-                log.warning("%s (last: %s %s)", why, event.code, event.message)
+        endpoint = event.endpoint or event.tier
+        now = self._clock()
+        was = self._outliers.blocked(endpoint, now)
+        self._outliers.ended(endpoint, event.code, now)
+        if was is None and (why := self._outliers.blocked(endpoint, now)) is not None:
+            log.warning(
+                "tier %s at %s %s (last: %s %s)",
+                event.tier,
+                endpoint,
+                why,
+                event.code,
+                event.message,
+            )

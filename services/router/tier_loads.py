@@ -1,11 +1,12 @@
-"""Follows each tier's own load report (TierService.WatchLoad) and its gRPC health (Health.Watch)
-so routing decisions read what the tiers say, not only this router's in-flight counts; several
-routers then agree.
+"""Follows each tier replica's own load report (TierService.WatchLoad) and its gRPC health
+(Health.Watch) so routing decisions read what the tiers say, not only this router's in-flight
+counts; several routers then agree.
 
-Two background tasks per tier keep the latest load snapshot and health and reconnect after a
-failure. A tier reads as down (`down()` gives the reason) while its load stream is broken or
-silent for longer than `stale_s` (a hung process), or its health says NOT_SERVING (a draining
-tier says so at once); its load then reads as unknown (None), which never counts as room.
+Two background tasks per replica keep the latest load snapshot and health and reconnect after a
+failure. A replica reads as down (`endpoint_down()` gives the reason) while its load stream is
+broken or silent for longer than `stale_s` (a hung process), or its health says NOT_SERVING (a
+draining tier says so at once); its load then reads as unknown (None), which never counts as
+room. A tier's load, for the policies, is that of its least loaded replica that is up.
 Knows gRPC and the tier contract only.
 """
 
@@ -45,21 +46,21 @@ def load_from_status(status: tier_pb2.TierStatus) -> TierLoad:
 
 
 class LiveLoads(Mapping[str, TierLoad | None]):
-    """The loads policies read: a tier's last report while it is up, else None (unknown)."""
+    """The loads policies read: per tier, its least loaded replica that is up, else None."""
 
     def __init__(self, watcher: TierLoadWatcher) -> None:
         self._watcher = watcher
 
     def __getitem__(self, tier: str) -> TierLoad | None:
-        if self._watcher.down(tier) is not None:
-            return None
-        return self._watcher.reported[tier]
+        loads = [self._watcher.endpoint_load(e) for e in self._watcher.replicas[tier]]
+        known = [load for load in loads if load is not None]
+        return min(known, key=lambda load: load.fill, default=None)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._watcher.reported)
+        return iter(self._watcher.replicas)
 
     def __len__(self) -> int:
-        return len(self._watcher.reported)
+        return len(self._watcher.replicas)
 
 
 class TierLoadWatcher:
@@ -67,81 +68,87 @@ class TierLoadWatcher:
         self._channels = channels
         self._interval_ms = interval_ms
         self._stale_s = stale_ms / 1000
-        self.reported: dict[str, TierLoad | None] = dict.fromkeys(channels.targets)
+        self.replicas = dict(channels.replicas)
+        endpoints = list(dict.fromkeys(e for es in self.replicas.values() for e in es))
+        self.reported: dict[str, TierLoad | None] = dict.fromkeys(endpoints)
         self._reported_at: dict[str, float] = {}
         self._load_error: dict[str, str | None] = dict.fromkeys(
-            channels.targets, "has not reported its load yet"
+            endpoints, "has not reported its load yet"
         )
-        self._health: dict[str, str] = {}  # tier -> last health status name
+        self._health: dict[str, str] = {}  # endpoint -> last health status name
         self._heard: dict[str, asyncio.Event] = {}
         self.loads = LiveLoads(self)
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
-        for tier in self._channels.targets:
-            self._heard[tier] = asyncio.Event()
-            self._tasks.append(asyncio.create_task(self._watch(tier), name=f"watch-load-{tier}"))
+        for endpoint in self.reported:
+            self._heard[endpoint] = asyncio.Event()
+            self._tasks.append(asyncio.create_task(self._watch(endpoint), name=f"load-{endpoint}"))
             self._tasks.append(
-                asyncio.create_task(self._watch_health(tier), name=f"watch-health-{tier}")
+                asyncio.create_task(self._watch_health(endpoint), name=f"health-{endpoint}")
             )
 
     async def first_reports(self, timeout_s: float) -> None:
-        """Waits until every tier has reported its load or failed once, or `timeout_s`."""
+        """Waits until every replica has reported its load or failed once, or `timeout_s`."""
         waits = [event.wait() for event in self._heard.values()]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
 
-    def down(self, tier: str) -> str | None:
-        """Why `tier` must not take new calls by its own reports, or None if it may."""
-        health = self._health.get(tier)
+    def endpoint_down(self, endpoint: str) -> str | None:
+        """Why the replica must not take new calls by its own reports, or None if it may."""
+        health = self._health.get(endpoint)
         if health is not None and health != "SERVING":
-            return f"{tier} health {health}"
-        error = self._load_error.get(tier)
+            return f"health {health}"
+        error = self._load_error.get(endpoint)
         if error is not None:
-            return f"{tier} {error}"
-        age = time.monotonic() - self._reported_at.get(tier, 0.0)
+            return error
+        age = time.monotonic() - self._reported_at.get(endpoint, 0.0)
         if age > self._stale_s:
-            return f"{tier} silent for {age * 1000:.0f} ms"
-        load = self.reported.get(tier)
+            return f"silent for {age * 1000:.0f} ms"
+        load = self.reported.get(endpoint)
         if load is not None and not load.serving:
-            return f"{tier} not serving"
+            return "not serving"
         return None
 
-    async def _watch(self, tier: str) -> None:
+    def endpoint_load(self, endpoint: str) -> TierLoad | None:
+        """The replica's last load report while it is up, else None (unknown)."""
+        return None if self.endpoint_down(endpoint) is not None else self.reported[endpoint]
+
+    async def _watch(self, endpoint: str) -> None:
         request = tier_pb2.WatchLoadRequest(interval_ms=self._interval_ms)
         while True:
-            call = self._channels.stub(tier).WatchLoad(request)
+            call = self._channels.stub(endpoint).WatchLoad(request)
             try:
                 async for status in call:
-                    self.reported[tier] = load_from_status(status)
-                    self._reported_at[tier] = time.monotonic()
-                    self._load_error[tier] = None
-                    self._heard[tier].set()
+                    self.reported[endpoint] = load_from_status(status)
+                    self._reported_at[endpoint] = time.monotonic()
+                    self._load_error[endpoint] = None
+                    self._heard[endpoint].set()
                 error = "load stream ended"
             except grpc.aio.AioRpcError as e:
                 error = f"load stream broken ({e.code().name})"
-                log.debug("load of tier %s unknown: %s", tier, e.code().name)
+                log.debug("load of %s unknown: %s", endpoint, e.code().name)
             finally:
                 call.cancel()
-            self.reported[tier] = None
-            self._load_error[tier] = error
-            self._heard[tier].set()
+            self.reported[endpoint] = None
+            self._load_error[endpoint] = error
+            self._heard[endpoint].set()
             await asyncio.sleep(RETRY_S)
 
-    async def _watch_health(self, tier: str) -> None:
+    async def _watch_health(self, endpoint: str) -> None:
         request = health_pb2.HealthCheckRequest(service=TIER_SERVICE)
         while True:
-            call = health_pb2_grpc.HealthStub(self._channels.channel(tier)).Watch(request)
+            call = health_pb2_grpc.HealthStub(self._channels.channel(endpoint)).Watch(request)
             try:
                 async for response in call:
-                    self._health[tier] = health_pb2.HealthCheckResponse.ServingStatus.Name(
+                    self._health[endpoint] = health_pb2.HealthCheckResponse.ServingStatus.Name(
                         response.status
                     )
             except grpc.aio.AioRpcError as e:
-                log.debug("health of tier %s unknown: %s", tier, e.code().name)
+                log.debug("health of %s unknown: %s", endpoint, e.code().name)
             finally:
                 call.cancel()
-            self._health.pop(tier, None)  # the load stream's own failure says why
+            self._health.pop(endpoint, None)  # the load stream's own failure says why
             await asyncio.sleep(RETRY_S)
 
     async def stop(self) -> None:

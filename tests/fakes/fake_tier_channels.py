@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -88,6 +88,7 @@ class FakeGenerateStream:
         metadata: Sequence[tuple[str, str]],
     ) -> None:
         self.tier = tier
+        self.endpoint = tier  # the replica it went to
         self.request = request
         self.metadata = list(metadata)
         self.timeout_s = timeout_s
@@ -153,20 +154,37 @@ class FakeGenerateStream:
 
 class FakeTierChannels:
     """Satisfies tier_calls.TierClient: each tier answers with its script (several calls to a
-    tier each get the whole script). `calls` holds every call made, by tier."""
+    tier each get the whole script). A tier has one replica named as the tier, or those given in
+    `replicas`; a script keyed by a replica's name is that replica's alone. A new call goes to
+    the first replica not yet tried. `calls` holds every call made, by tier."""
 
-    def __init__(self, scripts: Mapping[str, Sequence[Step]]) -> None:
+    def __init__(
+        self,
+        scripts: Mapping[str, Sequence[Step]],
+        replicas: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
         self.scripts = dict(scripts)
+        self.replicas = {tier: tuple(names) for tier, names in (replicas or {}).items()}
         self.calls: dict[str, list[FakeGenerateStream]] = {}
+
+    def endpoints(self, tier: str) -> tuple[str, ...]:
+        return self.replicas.get(tier, (tier,))
+
+    def pick(self, tier: str, avoid: Collection[str]) -> str | None:
+        return next((e for e in self.endpoints(tier) if e not in avoid), None)
 
     def generate(
         self,
         tier: str,
+        endpoint: str,
         request: tier_pb2.GenerateRequest,
         timeout_s: float | None,
         metadata: Sequence[tuple[str, str]],
     ) -> FakeGenerateStream:
-        stream = FakeGenerateStream(tier, request, self.scripts[tier], timeout_s, metadata)
+        script = self.scripts.get(endpoint, self.scripts.get(tier))
+        assert script is not None, f"no script for {endpoint} of {tier}"
+        stream = FakeGenerateStream(tier, request, script, timeout_s, metadata)
+        stream.endpoint = endpoint
         self.calls.setdefault(tier, []).append(stream)
         return stream
 

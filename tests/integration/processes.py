@@ -114,8 +114,9 @@ class ProcessMesh:
     def address(self) -> str:
         return self.router.address
 
-    def start_tier(self, tier: str, port: int) -> Service:
-        """(Re)starts one tier process on `port`."""
+    def start_tier(self, tier: str, port: int, name: str | None = None) -> Service:
+        """(Re)starts one tier process on `port`, known as `name` (default: the tier)."""
+        name = name or tier
         config = {
             "name": tier,
             "model_path": str(self.models[tier]),
@@ -123,10 +124,10 @@ class ProcessMesh:
             "metrics_port": 0,
             **self.tier_options,
         }
-        path = write_toml(self.work_dir / f"{tier}.toml", config, {})
+        path = write_toml(self.work_dir / f"{name}.toml", config, {})
         module = f"services.tier_{tier}"
-        service = spawn(tier, module, ["--config", str(path)], f"127.0.0.1:{port}", self.work_dir)
-        self.tiers[tier] = service
+        service = spawn(name, module, ["--config", str(path)], f"127.0.0.1:{port}", self.work_dir)
+        self.tiers[name] = service
         return service
 
     def stop(self) -> None:
@@ -140,13 +141,20 @@ async def start_process_mesh(
     *,
     tier_options: dict[str, Any] | None = None,
     router_options: dict[str, Any] | None = None,
+    replicas: dict[str, int] | None = None,
 ) -> ProcessMesh:
-    """The three tiers (model per tier) and a router, each its own process, all serving."""
+    """The three tiers (model per tier; `replicas` processes of a tier, named "small",
+    "small-2", ...) and a router, each its own process, all serving."""
     work_dir.mkdir(parents=True, exist_ok=True)
     mesh = ProcessMesh({}, None, work_dir, tier_options or {}, models)  # type: ignore[arg-type]
     try:
+        targets: dict[str, list[str]] = {}
         for tier in TIER_NAMES:
-            mesh.start_tier(tier, free_port())
+            for n in range(1, (replicas or {}).get(tier, 1) + 1):
+                name = tier if n == 1 else f"{tier}-{n}"
+                targets.setdefault(tier, []).append(
+                    mesh.start_tier(tier, free_port(), name).address
+                )
         router_port = free_port()
         config = {
             "port": router_port,
@@ -154,7 +162,7 @@ async def start_process_mesh(
             "policy": "interim_heuristic",
             **(router_options or {}),
         }
-        tiers = {tier: service.address for tier, service in mesh.tiers.items()}
+        tiers = {tier: ",".join(addresses) for tier, addresses in targets.items()}
         path = write_toml(work_dir / "router.toml", config, {"tiers": tiers})
         address = f"127.0.0.1:{router_port}"
         mesh.router = spawn("router", "services.router", ["--config", str(path)], address, work_dir)

@@ -10,6 +10,7 @@ import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 from tiermesh.client import (
     AsyncRouterClient,
@@ -22,6 +23,7 @@ from tiermesh.client import (
     RevisionStartEvent,
     RouteEvent,
 )
+from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
 from services.common.tiers import TIER_NAMES
 from tests.integration.processes import ProcessMesh, start_process_mesh
@@ -47,6 +49,17 @@ async def mesh(tiny_model_dir: Path, tmp_path: Path) -> AsyncIterator[ProcessMes
     )
     yield started
     started.stop()
+
+
+async def answering(mesh: ProcessMesh, names: tuple[str, ...]) -> str:
+    """Which of the tier processes `names` is running a request now."""
+    for name in names:
+        async with grpc.aio.insecure_channel(mesh.tiers[name].address) as channel:
+            stub = tier_pb2_grpc.TierServiceStub(channel)
+            status = await stub.GetStatus(tier_pb2.GetStatusRequest(), timeout=5)
+        if status.running:
+            return name
+    raise AssertionError(f"none of {names} is running a request")
 
 
 def route_of(result: ChatResult) -> RouteEvent:
@@ -171,3 +184,42 @@ async def test_tier_killed_mid_answer_is_continued_by_the_next_tier_with_no_toke
     assert 0 < len(broken) < len(final.text) and final.text.startswith(broken)
     assert starts[1].kept_prefix_chars == len(broken)
     assert "small failed after" in final.reason and "medium went on as revision 1" in final.reason
+
+
+async def test_replica_killed_mid_answer_is_continued_by_the_other_replica(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    slow = build_tiny_model(tmp_path / "slow-model", layers=4, width=256)
+    models = {"small": slow, "medium": tiny_model_dir, "large": tiny_model_dir}
+    mesh = await start_process_mesh(
+        tmp_path / "mesh", models, tier_options=TIERS, router_options=ROUTER, replicas={"small": 2}
+    )
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            reference = await client.chat(
+                PROMPT, mode="pinned", tier="small", max_tokens=300, timeout=60
+            )
+            events: list[Event] = []
+            async for event in client.chat_stream(
+                PROMPT, mode="pinned", tier="small", max_tokens=300, timeout=60
+            ):
+                events.append(event)
+                if isinstance(event, DeltaEvent) and len(events) == 3:
+                    mesh.tiers[await answering(mesh, ("small", "small-2"))].signal(signal.SIGKILL)
+            after = [
+                await client.chat(PROMPT, mode="pinned", tier="small", max_tokens=8, timeout=30)
+                for _ in range(4)
+            ]
+    finally:
+        mesh.stop()
+    starts = [e for e in events if isinstance(e, RevisionStartEvent)]
+    final = events[-1]
+    assert isinstance(final, FinalEvent) and final.tier == "small", kinds(events)
+    answer = [e for e in events if isinstance(e, DeltaEvent) and e.revision == final.revision]
+    assert "".join(e.text for e in answer) == final.text == reference.text
+    broken = "".join(e.text for e in events if isinstance(e, DeltaEvent) and e.revision == 0)
+    assert [(s.revision, s.tier) for s in starts] == [(0, "small"), (1, "small")]
+    assert starts[1].kept_prefix_chars == len(broken) > 0  # the same model: all of it kept
+    assert "another small replica went on as revision 1" in final.reason
+    for result in after:  # the other replica serves the pinned chats
+        assert result.tier == "small"

@@ -257,3 +257,44 @@ def test_tier_request_ids_are_unique_labelled_and_within_the_limit() -> None:
     assert len(ids) == 100 and all(i.startswith("req-42/small/") for i in ids)
     longest = tier_request_id("r" * MAX_REQUEST_ID_CHARS, "medium")
     assert len(longest) == MAX_REQUEST_ID_CHARS and longest.startswith("rrr")
+
+
+SMALL_REPLICAS = {"small": ("small-a", "small-b")}
+
+
+@pytest.mark.parametrize("mode", [ROUTED, PINNED])
+async def test_failure_before_the_first_token_moves_to_another_replica(
+    mode: router_pb2.Mode,
+) -> None:
+    scripts = {"small-a": failure(UNAVAILABLE, "down"), "small": answer(ANSWER)}
+    channels = FakeTierChannels(scripts, SMALL_REPLICAS)
+    events = await run(plan(mode, ("small",), ("medium",)), channels)
+    assert starts(events) == [(0, "small", None, 0)]
+    answer_ = check_answer_is_its_revisions_deltas(events)
+    assert [c.endpoint for c in channels.calls["small"]] == ["small-a", "small-b"]
+    assert answer_.reason == (
+        "small (small-a) failed before its first token (UNAVAILABLE: down); "
+        "retried on another small replica; answered by small"
+    )
+
+
+async def test_replica_dying_mid_answer_is_continued_by_another_replica() -> None:
+    scripts = {"small-a": broken(ANSWER[:2], UNAVAILABLE, "killed"), "small": answer(ANSWER)}
+    channels = FakeTierChannels(scripts, SMALL_REPLICAS)
+    events = await run(plan(ROUTED, ("small",), ("medium",)), channels)
+    # the same model's answer again: the new revision keeps every character the client has
+    assert starts(events) == [(0, "small", None, 0), (1, "small", 0, len("The price is"))]
+    answer_ = check_answer_is_its_revisions_deltas(events)
+    assert (answer_.revision, answer_.tier) == (1, "small")
+    assert "small (small-a) failed after 12 characters" in answer_.reason
+    assert "another small replica went on as revision 1" in answer_.reason
+    assert "medium" not in channels.calls
+
+
+async def test_with_every_replica_failed_the_next_tier_answers() -> None:
+    scripts = {"small": failure(UNAVAILABLE, "down"), "medium": answer(ANSWER)}
+    channels = FakeTierChannels(scripts, SMALL_REPLICAS)
+    events = await run(plan(ROUTED, ("small",), ("medium",)), channels)
+    answer_ = check_answer_is_its_revisions_deltas(events)
+    assert answer_.tier == "medium"
+    assert [c.endpoint for c in channels.calls["small"]] == ["small-a", "small-b"]

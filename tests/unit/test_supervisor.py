@@ -1,7 +1,7 @@
 """`tiermesh run`'s supervisor against real (tiny, model-free) child processes: a killed child
 is restarted after its backoff with a new pid in pids.json, repeated crashes in the window stop
 everything with a message, and stopping goes gateway, router, then the rest. The clock is
-passed in, so backoffs are checked without waiting for them."""
+passed in, so backoffs are checked without waiting for them. And the plan of `--replicas`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from services.launcher.local_mesh import Child
+from services.common.errors import ConfigError
+from services.launcher.local_mesh import Child, plan_children
 from services.launcher.supervisor import RestartPolicy, Supervisor, stop_in_order
 
 SLEEPER = "import time; time.sleep(60)"
@@ -122,3 +123,21 @@ def test_stop_drains_gateway_then_router_then_the_rest(tmp_path: Path) -> None:
     stop_in_order(started, grace_s=10)
     order = record.read_text().split()
     assert order[:2] == ["gateway", "router"] and sorted(order[2:]) == ["large", "small"]
+
+
+def test_replicas_are_planned_as_more_children_given_to_the_router(tmp_path: Path) -> None:
+    models = {}
+    for tier in ("small", "medium", "large"):
+        (tmp_path / tier).mkdir()
+        (tmp_path / tier / "config.json").write_text("{}")
+        models[tier] = tmp_path / tier
+    children = plan_children(9000, models, None, tmp_path / "logs", replicas={"small": 2})
+    names = [c.name for c in children]
+    assert names[:4] == ["small", "small-2", "medium", "large"] and names[-1] == "router"
+    small, second = children[0], children[1]
+    assert second.command[second.command.index("--metrics-port") + 1] == "0"
+    assert second.address.endswith(second.command[second.command.index("--port") + 1])
+    router = children[-1].command
+    assert f"small={small.address},{second.address}" in router
+    with pytest.raises(ConfigError, match="--replicas: not supported with --mesh"):
+        plan_children(9000, models, None, tmp_path / "logs", mesh=True, replicas={"small": 2})

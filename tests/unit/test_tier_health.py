@@ -1,12 +1,15 @@
-"""Health-aware routing decisions without processes: passive ejection (outlier.py) and the
-fallback choice over loads and down reasons (fallback.py)."""
+"""Health-aware routing decisions without processes: passive ejection (outlier.py), the
+fallback choice over loads and down reasons (fallback.py), and the choice of a tier's replica
+(tier_health.py) over reports the test sets."""
 
 from __future__ import annotations
 
 from services.common.config import RouterConfig
+from services.router.chat_events import TierCallEnded
 from services.router.fallback import choose_with_fallback, fallback_chain
 from services.router.outlier import OutlierDetector
 from services.router.policy import TierLoad
+from services.router.tier_health import TierHealth
 
 IDLE = TierLoad(True, 0, 0, 4, 16, 1.0, 2.0)
 CONFIG = RouterConfig()
@@ -85,3 +88,54 @@ def test_with_no_tier_available_the_chosen_one_is_tried_and_the_note_says_so() -
     tier, note, then = choose_with_fallback("small", loads, CONFIG)
     assert (tier, then) == ("small", ("medium", "large"))
     assert note.endswith("no tier available, trying small")
+
+
+class Reports:
+    """Replica reports set by the test: loads and down reasons by address."""
+
+    def __init__(self) -> None:
+        self.loads: dict[str, TierLoad] = {}
+        self.downs: dict[str, str] = {}
+
+    def endpoint_down(self, endpoint: str) -> str | None:
+        return self.downs.get(endpoint)
+
+    def endpoint_load(self, endpoint: str) -> TierLoad | None:
+        return None if endpoint in self.downs else self.loads.get(endpoint)
+
+
+def busy(running: int) -> TierLoad:
+    return TierLoad(True, running, 0, 4, 16, 1.0, 2.0)
+
+
+def test_pick_prefers_able_and_least_loaded_replicas_in_turn() -> None:
+    reports = Reports()
+    replicas = {"small": ("a", "b", "c")}
+    health = TierHealth(replicas, reports, detector(), clock=lambda: 0.0)
+    reports.loads = {"a": busy(3), "b": busy(1), "c": busy(1)}
+    picked = {health.pick("small", ("a", "b", "c")) for _ in range(4)}
+    assert picked == {"b", "c"}  # the least loaded two, in turn
+    reports.downs = {"b": "health NOT_SERVING"}
+    assert health.pick("small", ("a", "b")) == "a"  # loaded but able beats down
+    assert health.down("small") is None
+    reports.downs = {"a": "silent for 1200 ms", "b": "health NOT_SERVING", "c": "not serving"}
+    assert health.down("small") == (
+        "small has no replica able to serve (a: silent for 1200 ms; b: health NOT_SERVING; "
+        "c: not serving)"
+    )
+
+
+def test_a_single_replica_tier_is_down_with_its_reason() -> None:
+    reports = Reports()
+    health = TierHealth({"small": ("127.0.0.1:1",)}, reports, detector(), clock=lambda: 0.0)
+    reports.downs = {"127.0.0.1:1": "load stream broken (UNAVAILABLE)"}
+    assert health.down("small") == "small load stream broken (UNAVAILABLE)"
+
+
+def test_failed_calls_eject_the_replica_they_went_to() -> None:
+    health = TierHealth({"small": ("a", "b")}, Reports(), detector(), clock=lambda: 0.0)
+    for _ in range(3):
+        health.observe(TierCallEnded("small", "r/small/1", "UNAVAILABLE", endpoint="a"))
+    assert "ejected" in (health.endpoint_down("a") or "")
+    assert health.endpoint_down("b") is None and health.down("small") is None
+    assert health.pick("small", ("a", "b")) == "b"
