@@ -27,6 +27,7 @@ from services.bench.hybrid_bench import (
     run_sweep,
 )
 from services.bench.loadgen import CONFIGURATIONS, LoadCounters, RequestRecord
+from services.bench.openai_cli import run_openai_bench
 from services.bench.options import concurrency_levels
 from services.bench.report import (
     context_lines,
@@ -110,6 +111,14 @@ def register_hybrid(bench: argparse.ArgumentParser, kinds: Any) -> None:
     bench.add_argument(
         "--sweep", type=concurrency_levels, help="also a closed-loop sweep at these clients"
     )
+    bench.add_argument(
+        "--target",
+        choices=("mesh", "openai"),
+        default="mesh",
+        help="openai: any OpenAI-compatible server at --url, models from --model NAME; with "
+        "--router also the gateway's overhead over it",
+    )
+    bench.add_argument("--url", help="--target openai: base URL, e.g. http://127.0.0.1:8080/v1")
     bench.set_defaults(func=cmd_bench)
     sweep = kinds.add_parser(
         "sweep", help="closed loop at 1..64 clients, single vs hybrid: throughput by concurrency"
@@ -221,6 +230,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     console = report_console(args.json)
     try:
         scenario = bench_scenario(args)
+        if args.target == "openai":
+            return run_openai_bench(args, scenario, console)
         prices = load_prices(args.prices)
         load = LoadOptions(args.max_tokens, args.timeout, args.max_in_flight)
         live = LiveProgress(console)
