@@ -69,6 +69,17 @@ class BatchScheduler:
         self.steps = 0
         self.batched_tokens = 0
 
+    def warm_up(self) -> None:
+        """One prefill and one decode step of a one-token prompt in a free slot, then freed: the
+        first forward pays for kernel selection and the pool's first page faults (seconds on a
+        CPU), so the first request does not. Call on the torch thread before start()."""
+        slot = self._pool.acquire()
+        try:
+            self._passes.prefill(self._loaded.model, self._pool, slot, [0])
+            self._passes.decode_step(self._loaded.model, self._pool, [slot], [0])
+        finally:
+            self._pool.release(slot)
+
     def start(self, torch_thread: ThreadPoolExecutor) -> None:
         """Runs the loop on `torch_thread`: the one thread that issues this model's torch ops
         (two threads issuing ops each get an OpenMP team, and the teams fight for the cores)."""

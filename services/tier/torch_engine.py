@@ -72,6 +72,7 @@ class TorchEngine(EngineLifecycle):
             self._scheduler = BatchScheduler(
                 loaded, passes, self._pool, cfg.prefill_tokens_per_step
             )
+            await loop.run_in_executor(self._torch_thread, self._scheduler.warm_up)
             self._scheduler.start(self._torch_thread)
             log.info(
                 "tier %s: continuous batching (%s) over a KV pool of %d slots x %d positions, "
