@@ -32,6 +32,11 @@ def print_json_events(events: Iterable[Event], started: float) -> int:
     except ChatError as e:
         t_ms = (time.perf_counter() - started) * 1000
         error = {"type": "error", "t_ms": round(t_ms, 3), "code": e.code, "message": e.message}
+        error |= {  # google.rpc details, when the server sent them
+            "retry_after_s": e.details.retry_after_s,
+            "reason": e.details.reason,
+            "field_violations": [list(v) for v in e.details.field_violations],
+        }
         print(json.dumps(error, ensure_ascii=False), flush=True)
         return 1
     return 0
