@@ -1,6 +1,7 @@
 """How a chat's tier calls turned out: which failures another tier may answer, the failure
-relayed when no answer is left, the outcome of one revision and of a stream with failover, and
-the Final that names the answer.
+relayed when no answer is left, the outcome of one revision and of a stream with failover, how
+a call ended for the observers, and the Final that names the answer (with the reason when a
+refinement is dropped).
 
 Knows the tier calls and the wire messages; makes no calls.
 """
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 import grpc
 from tiermesh.v1 import common_pb2, router_pb2
 
+from services.router.chat_events import TierCallEnded
 from services.router.chat_plan import SessionClock
 from services.router.tier_calls import TierCall
 
@@ -84,6 +86,24 @@ def final_event(
         revisions=max((c.revision or 0) for c in calls if c.revision is not None) + 1,
     )
     return router_pb2.ChatEvent(final=final)
+
+
+def ended_event(call: TierCall) -> TierCallEnded:
+    """How the call ended for the router: its failure, its finish, or else cancelled."""
+    code, message = "CANCELLED", "cancelled by the router"
+    if call.error is not None:
+        code, message = call.error.code().name, call.error.details() or ""
+    elif call.finished:
+        code, message = "OK", ""
+    return TierCallEnded(call.tier, call.request_id, code, message, call.usage, call.endpoint)
+
+
+def refine_failure(call: TierCall, error: grpc.aio.AioRpcError) -> str:
+    """Final.reason when a refinement failed or ran out of its budget and the draft is kept."""
+    if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and call.timeout_s is not None:
+        budget = f"{call.timeout_s * 1000:.0f} ms"
+        return f"refinement by {call.tier} exceeded its {budget} budget; draft kept"
+    return f"refinement by {call.tier} failed ({describe(error)}); draft kept"
 
 
 def describe(error: grpc.aio.AioRpcError) -> str:

@@ -41,7 +41,9 @@ from services.router.chat_outcomes import (
     RevisionOutcome,
     UpstreamFailed,
     describe,
+    ended_event,
     final_event,
+    refine_failure,
 )
 from services.router.chat_plan import ChatPlan, SessionClock, tier_request_id
 from services.router.first_chunk import Chunks, first_chunk_race, prepend
@@ -136,12 +138,7 @@ class ChatSession:
         if call.request_id in self._reported:
             return []
         self._reported.add(call.request_id)
-        code, message = "CANCELLED", "cancelled by the router"
-        if call.error is not None:
-            code, message = call.error.code().name, call.error.details() or ""
-        elif call.finished:
-            code, message = "OK", ""
-        return [TierCallEnded(call.tier, call.request_id, code, message, call.usage, call.endpoint)]
+        return [ended_event(call)]
 
     async def _single(self) -> AsyncIterator[SessionEvent]:
         plan = self._plan
@@ -235,6 +232,13 @@ class ChatSession:
 
     async def _progressive(self) -> AsyncIterator[SessionEvent]:
         plan = self._plan
+        if len(plan.tiers) == 1:  # the draft tier was down: the refine tier answers alone
+            opening = self._opening(plan.tiers[0])
+            yield opening
+            call = self._open(opening, self._remaining_s())
+            async for event in self._alone(call, "no draft", self._remaining_s):
+                yield event
+            return
         draft_tier, refine_tier = plan.tiers
         opening = self._opening(draft_tier)
         yield opening
@@ -262,14 +266,9 @@ class ChatSession:
             refine = self._open(opening, self._refine_timeout_s())
         if not first.started:  # the draft tier failed before any output: refine answers alone
             assert first.error is not None
-            alone = Answer(refine, 0)
-            async for event in self._with_failover(alone, None, True, self._refine_timeout_s):
-                yield event
-            if not alone.complete:
-                raise UpstreamFailed(draft_tier, first.error)
-            notes = [f"draft tier {draft_tier} failed ({describe(first.error)})", *alone.notes]
-            reason = "; ".join([*notes, f"answered by {alone.call.tier}"])
-            for event in self._final(alone.call, alone.revision, reason):
+            note = f"draft tier {draft_tier} failed ({describe(first.error)})"
+            failed = UpstreamFailed(draft_tier, first.error)
+            async for event in self._alone(refine, note, self._refine_timeout_s, failed):
                 yield event
             return
         second = Answer(refine, 1)
@@ -289,12 +288,31 @@ class ChatSession:
         elif first.complete:
             assert second.error is not None
             timed_out = second.error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            failure = "; ".join([*notes, self._refine_failure(second.call, second.error)])
+            failure = "; ".join([*notes, refine_failure(second.call, second.error)])
             for event in self._final(draft, 0, failure, "timeout" if timed_out else "failed"):
                 yield event
         else:
             assert first.error is not None
             raise UpstreamFailed(draft_tier, first.error)
+
+    async def _alone(
+        self,
+        call: TierCall,
+        note: str,
+        timeout_s: Callable[[], float | None],
+        failed: UpstreamFailed | None = None,
+    ) -> AsyncIterator[SessionEvent]:
+        """`call` answers alone as revision 0 (with failover), Final's reason led by `note`;
+        if no answer comes, raises `failed` (else the last call's own failure)."""
+        alone = Answer(call, 0)
+        async for event in self._with_failover(alone, None, True, timeout_s):
+            yield event
+        if not alone.complete:
+            assert alone.error is not None
+            raise failed or UpstreamFailed(alone.call.tier, alone.error)
+        reason = "; ".join([note, *alone.notes, f"answered by {alone.call.tier}"])
+        for event in self._final(alone.call, alone.revision, reason):
+            yield event
 
     def _refine_timeout_s(self) -> float:
         """What is left of the refinement's budget (which starts with its first call), within
@@ -307,14 +325,6 @@ class ChatSession:
         if remaining is None:
             return budget
         return max(0.001, min(budget, remaining - FINAL_MARGIN_S))
-
-    def _refine_failure(self, call: TierCall, error: grpc.aio.AioRpcError) -> str:
-        if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and call.timeout_s is not None:
-            return (
-                f"refinement by {call.tier} exceeded its {call.timeout_s * 1000:.0f} ms budget; "
-                "draft kept"
-            )
-        return f"refinement by {call.tier} failed ({describe(error)}); draft kept"
 
     async def _stream_revision(
         self,

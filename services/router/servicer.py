@@ -35,7 +35,7 @@ from services.router.chat_outcomes import UpstreamFailed
 from services.router.chat_plan import ChatPlan, SessionClock
 from services.router.chat_session import ChatSession
 from services.router.chat_telemetry import ChatTelemetry
-from services.router.fallback import choose_with_fallback
+from services.router.fallback import choose_with_fallback, fallback_chain
 from services.router.learning import AnswersAgree, RoutingLessons
 from services.router.policy import Loads, RoutingInput, RoutingPolicy
 from services.router.tier_calls import TierClient
@@ -106,11 +106,14 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             refine = self._configured(request.refine_tier or config.refine_tier, "refine_tier")
             if draft == refine:
                 raise InvalidArgument(f"refine_tier: must differ from draft_tier ({draft})")
-            tiers = (draft, refine)
-            policy, reason = "progressive", f"draft from {draft}, refined by {refine}"
+            tiers, notes = self._progressive_tiers(draft, refine)
+            policy, reason = "progressive", f"draft from {draft}, refined by {tiers[-1]}"
             if gate != "always":
                 reason += f"; gate {gate} at draft confidence {config.min_draft_confidence:.2f}"
-            fallbacks = choose_with_fallback(refine, self._loads, config, self._down)[2]
+            reason += "".join(f"; {note}" for note in notes)
+            then = choose_with_fallback(tiers[-1], self._loads, config, self._down)[2]
+            # with a draft to keep, a refinement moves on only to tiers able to take it
+            fallbacks = then if len(tiers) == 1 else tuple(t for t in then if not self._down(t))
         else:
             tier, note, fallbacks = choose_with_fallback(
                 choice.tier, self._loads, config, self._down
@@ -144,6 +147,21 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             min_confidence=config.min_draft_confidence,
             choice=choice,
         )
+
+    def _progressive_tiers(self, draft: str, refine: str) -> tuple[tuple[str, ...], list[str]]:
+        """(draft, refine), or (refine,) alone when the draft tier is down; a refine tier that
+        is down gives way to the first able tier of its fallback chain. With notes saying so."""
+        notes = []
+        if (why := self._down(refine)) is not None:
+            chain = fallback_chain(refine, self._config)
+            backup = next((t for t in chain if t != draft and self._down(t) is None), None)
+            if backup is not None:
+                notes.append(f"{why} → refined by {backup}")
+                refine = backup
+        if (why := self._down(draft)) is not None:
+            notes.append(f"{why}: no draft")
+            return (refine,), notes
+        return (draft, refine), notes
 
     def _configured(self, tier: str, field: str) -> str:
         check_tier(tier, field)

@@ -5,9 +5,10 @@ counts; several routers then agree.
 Two background tasks per replica keep the latest load snapshot and health and reconnect after a
 failure. A replica reads as down (`endpoint_down()` gives the reason) while its load stream is
 broken or silent for longer than `stale_s` (a hung process), or its health says NOT_SERVING (a
-draining tier says so at once); its load then reads as unknown (None), which never counts as
-room. A tier's load, for the policies, is that of its least loaded replica that is up.
-Knows gRPC and the tier contract only.
+draining tier says so at once, and the router then leaves both its streams so that they do not
+hold the drain open); its load then reads as unknown (None), which never counts as room. A
+tier's load, for the policies, is that of its least loaded replica that is up. Knows gRPC and
+the tier contract only.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -76,6 +78,8 @@ class TierLoadWatcher:
             endpoints, "has not reported its load yet"
         )
         self._health: dict[str, str] = {}  # endpoint -> last health status name
+        self._draining: set[str] = set()  # went NOT_SERVING after SERVING; cleared when back
+        self._load_calls: dict[str, grpc.aio.UnaryStreamCall[Any, Any]] = {}
         self._heard: dict[str, asyncio.Event] = {}
         self.loads = LiveLoads(self)
         self._tasks: list[asyncio.Task[None]] = []
@@ -96,6 +100,8 @@ class TierLoadWatcher:
 
     def endpoint_down(self, endpoint: str) -> str | None:
         """Why the replica must not take new calls by its own reports, or None if it may."""
+        if endpoint in self._draining:
+            return "health NOT_SERVING (draining)"
         health = self._health.get(endpoint)
         if health is not None and health != "SERVING":
             return f"health {health}"
@@ -118,6 +124,7 @@ class TierLoadWatcher:
         request = tier_pb2.WatchLoadRequest(interval_ms=self._interval_ms)
         while True:
             call = self._channels.stub(endpoint).WatchLoad(request)
+            self._load_calls[endpoint] = call
             try:
                 async for status in call:
                     self.reported[endpoint] = load_from_status(status)
@@ -128,26 +135,44 @@ class TierLoadWatcher:
             except grpc.aio.AioRpcError as e:
                 error = f"load stream broken ({e.code().name})"
                 log.debug("load of %s unknown: %s", endpoint, e.code().name)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # the watcher stops
+                error = "load stream left (the tier drains)"  # cancelled by _watch_health
             finally:
                 call.cancel()
+                self._load_calls.pop(endpoint, None)
             self.reported[endpoint] = None
             self._load_error[endpoint] = error
             self._heard[endpoint].set()
             await asyncio.sleep(RETRY_S)
 
     async def _watch_health(self, endpoint: str) -> None:
+        """Follows the replica's health. When it turns NOT_SERVING after SERVING (it drains),
+        both its streams are left, so that they do not hold its drain open, and it stays down
+        until a new health stream says otherwise."""
         request = health_pb2.HealthCheckRequest(service=TIER_SERVICE)
         while True:
             call = health_pb2_grpc.HealthStub(self._channels.channel(endpoint)).Watch(request)
+            serving = False
             try:
                 async for response in call:
-                    self._health[endpoint] = health_pb2.HealthCheckResponse.ServingStatus.Name(
-                        response.status
-                    )
+                    status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+                    self._health[endpoint] = status
+                    self._draining.discard(endpoint)
+                    if status == "SERVING":
+                        serving = True
+                    elif serving:
+                        self._draining.add(endpoint)
+                        log.info("tier replica %s drains: routing leaves it", endpoint)
+                        break
             except grpc.aio.AioRpcError as e:
                 log.debug("health of %s unknown: %s", endpoint, e.code().name)
             finally:
                 call.cancel()
+            if endpoint in self._draining and (load := self._load_calls.get(endpoint)):
+                load.cancel()
             self._health.pop(endpoint, None)  # the load stream's own failure says why
             await asyncio.sleep(RETRY_S)
 

@@ -115,8 +115,24 @@ async def test_routed_chooses_by_complexity(mesh: Mesh) -> None:
     assert route.policy == "interim_heuristic" and route.complexity >= 0.7
 
 
-async def test_progressive_with_refine_tier_down_ends_on_the_draft(tiny_model_dir: Path) -> None:
+async def test_progressive_with_refine_tier_down_is_refined_by_its_fallback(
+    tiny_model_dir: Path,
+) -> None:
     mesh = await start_mesh(tiny_model_dir, tiers=("small", "medium"), down=("large",))
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            result = await client.chat(PROMPT, mode="progressive", max_tokens=8)
+        route = result.events[0]
+        assert isinstance(route, RouteEvent) and route.tiers == ("small", "medium")
+        assert "large load stream broken (UNAVAILABLE) → refined by medium" in route.reason
+        assert (result.revision, result.tier) == (1, "medium")
+        assert result.final.reason == "refined by medium"
+    finally:
+        await mesh.stop()
+
+
+async def test_progressive_with_no_refine_tier_up_ends_on_the_draft(tiny_model_dir: Path) -> None:
+    mesh = await start_mesh(tiny_model_dir, tiers=("small",), down=("medium", "large"))
     try:
         async with AsyncRouterClient(mesh.address) as client:
             result = await client.chat(PROMPT, mode="progressive", max_tokens=8)
@@ -145,8 +161,11 @@ async def test_progressive_with_draft_tier_down_answers_from_refine(tiny_model_d
     try:
         async with AsyncRouterClient(mesh.address) as client:
             result = await client.chat(PROMPT, mode="progressive", max_tokens=8)
-        assert (result.revision, result.tier) == (0, "large")
-        assert "draft tier small failed" in result.final.reason
+        assert (result.revision, result.tier, result.final.revisions) == (0, "large", 1)
+        route = result.events[0]
+        assert isinstance(route, RouteEvent) and route.tiers == ("large",)
+        assert "small load stream broken (UNAVAILABLE): no draft" in route.reason
+        assert result.final.reason == "no draft; answered by large"
     finally:
         await mesh.stop()
 

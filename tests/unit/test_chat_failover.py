@@ -298,3 +298,15 @@ async def test_with_every_replica_failed_the_next_tier_answers() -> None:
     answer_ = check_answer_is_its_revisions_deltas(events)
     assert answer_.tier == "medium"
     assert [c.endpoint for c in channels.calls["small"]] == ["small-a", "small-b"]
+
+
+async def test_progressive_without_its_draft_tier_is_answered_by_the_refine_tier() -> None:
+    channels = FakeTierChannels({"large": failure(UNAVAILABLE, "down"), "medium": answer(ANSWER)})
+    events = await run(plan(PROGRESSIVE, ("large",), ("medium",)), channels)
+    assert starts(events) == [(0, "medium", None, 0)]
+    answer_ = check_answer_is_its_revisions_deltas(events)
+    assert answer_.reason == (
+        "no draft; large failed before its first token (UNAVAILABLE: down); retried on medium; "
+        "answered by medium"
+    )
+    assert refinement(events) == []
