@@ -60,6 +60,7 @@ async def stream(
             for payload in relay.feed(event):
                 yield sse(payload)
             if isinstance(event, FinalEvent):
+                await chat.next()  # the call's OK status, which follows Final
                 yield DONE
                 return
         raise GatewayError(502, "the router's stream ended without a final answer")

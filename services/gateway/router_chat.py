@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import grpc
+from opentelemetry import context as context_api
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from tiermesh.client import Event, event_from_proto
@@ -34,19 +35,25 @@ def call_metadata(headers: Mapping[str, str], context: Context) -> list[tuple[st
 
 
 def start_span(headers: Mapping[str, str], model: str, user: str) -> tuple[Any, Context]:
-    """The gateway's SERVER span of one request, a child of the caller's `traceparent`, and the
-    context to continue into the router (the caller's own when no tracer is installed)."""
-    carrier = {name: headers[name] for name in TRACE_HEADERS if name in headers}
-    parent = propagate.extract(carrier)
-    attributes = {"http.request.method": "POST", "http.route": "/v1/chat/completions"}
-    attributes |= {"gen_ai.operation.name": "chat", "gen_ai.request.model": model}
+    """The CLIENT span of the router call and the context that carries it to the router. Its
+    parent is the request's current span when the web framework traces requests itself, else
+    the caller's `traceparent`; with no tracer installed, the caller's context goes on as is."""
+    if trace.get_current_span().get_span_context().is_valid:
+        parent = context_api.get_current()
+    else:
+        carrier = {name: headers[name] for name in TRACE_HEADERS if name in headers}
+        parent = propagate.extract(carrier)
+    attributes = {
+        "rpc.system": "grpc",
+        "rpc.service": "tiermesh.v1.RouterService",
+        "rpc.method": "Chat",
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": model,
+    }
     if user:
         attributes["gen_ai.openai.request.user"] = user
     span = tracer().start_span(
-        "POST /v1/chat/completions",
-        context=parent,
-        kind=trace.SpanKind.SERVER,
-        attributes=attributes,
+        "gateway chat", context=parent, kind=trace.SpanKind.CLIENT, attributes=attributes
     )
     if not span.get_span_context().is_valid:
         return None, parent
