@@ -34,7 +34,7 @@ ERROR_TYPES: dict[int, str] = {
 # the router names the bad field first ("max_tokens: must be in [1, 200], got 0")
 _FIELD = re.compile(r"^([a-z_]+(?:\.[a-z_]+)*): ")
 # the router's field names that differ from the OpenAI request's
-_PARAMS = {"sampling.temperature": "temperature", "sampling.top_p": "top_p", "prompt": "messages"}
+PARAMS = {"sampling.temperature": "temperature", "sampling.top_p": "top_p", "prompt": "messages"}
 
 
 class GatewayError(Exception):
@@ -80,7 +80,7 @@ class GatewayError(Exception):
         """The error for a gRPC status (by name) the router answered with."""
         status = HTTP_STATUS.get(code, 500)
         match = _FIELD.match(message)
-        param = _PARAMS.get(match.group(1), match.group(1)) if match and status == 400 else None
+        param = PARAMS.get(match.group(1), match.group(1)) if match and status == 400 else None
         return cls(
             status,
             message or code,

@@ -7,6 +7,7 @@ Knows the router's stubs and the client SDK's events; nothing of HTTP framing or
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -14,12 +15,12 @@ import grpc
 from opentelemetry import context as context_api
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from tiermesh.client import Event, event_from_proto
+from tiermesh.client import ChatError, Event, event_from_proto
 from tiermesh.client.tracing import end_span, inject_metadata
 from tiermesh.v1 import router_pb2, router_pb2_grpc
 
 from services.common.telemetry import tracer
-from services.gateway.errors import GatewayError
+from services.gateway.errors import PARAMS, GatewayError
 
 TRACE_HEADERS = ("traceparent", "tracestate")
 
@@ -111,11 +112,17 @@ class RouterChat:
             self._span = None
 
     def _error(self, error: grpc.aio.AioRpcError) -> GatewayError:
+        """The HTTP error for the router's status; Retry-After from its RetryInfo (rounded up
+        to whole seconds), else the config's; the bad field from its BadRequest details."""
+        status = ChatError.from_rpc_error(error)
         retry_after = self._retry_after_s
-        for key, value in error.trailing_metadata() or ():
-            if key == "retry-after" and str(value).isdigit():
-                retry_after = int(value)
-        return GatewayError.from_status(error.code().name, error.details() or "", retry_after)
+        if status.retry_after_s is not None:
+            retry_after = max(1, math.ceil(status.retry_after_s))
+        gateway_error = GatewayError.from_status(status.code, status.message, retry_after)
+        violations = status.details.field_violations
+        if gateway_error.status == 400 and violations:
+            gateway_error.param = PARAMS.get(violations[0][0], violations[0][0])
+        return gateway_error
 
 
 def router_stub(channel: grpc.aio.Channel) -> router_pb2_grpc.RouterServiceStub:
