@@ -112,3 +112,18 @@ async def test_a_tier_serves_it_over_grpc(smollm2_dir: Path) -> None:
     # 30 layers x (keys + values) x 2 slots x 3 kv heads x (512 + 256) positions x 64 x 4 bytes
     assert status.kv_pool_capacity_tokens == 2 * (512 + 256)
     assert status.kv_pool_bytes == 30 * 2 * 2 * 3 * (512 + 256) * 64 * 4
+
+
+def test_engine_bench_reports_the_same_fields_as_for_gpt2(
+    smollm2_dir: Path, tiny_model_dir: Path
+) -> None:
+    from services.bench.engine_bench import run_engine_bench
+
+    options = {"levels": [1, 2], "max_tokens": 3, "with_transformers_batching": False}
+    real = run_engine_bench(smollm2_dir, **options)  # type: ignore[arg-type]
+    tiny = run_engine_bench(tiny_model_dir, **options)  # type: ignore[arg-type]
+    assert set(real) == set(tiny) and set(real["bandwidth"]) == set(tiny["bandwidth"])
+    assert [set(row) for row in real["rows"]] == [set(row) for row in tiny["rows"]]
+    assert (real["dtype"], real["params"]) == ("float32", 134_515_008)
+    assert all(row["matches_generate"] for row in real["rows"])
+    assert real["ratio_vs_generate_at_2"] > 0 and real["bandwidth"]["fraction_of_bound"] > 0
