@@ -53,7 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from tiermesh.client import RouterClient
+    from tiermesh.client import RouterClient, tls_credentials
 
     from services.common.telemetry import setup_telemetry
     from services.terminal.chat_view import print_json_events, show_live
@@ -71,7 +71,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
     }
     telemetry = setup_telemetry("tiermesh-cli")
     try:
-        with RouterClient(args.router) as client:
+        credentials = None
+        if args.ca:
+            credentials = tls_credentials(args.ca, args.cert, args.key)
+        elif args.cert or args.key:
+            print("tiermesh chat: --cert and --key need --ca", file=sys.stderr)
+            return 2
+        with RouterClient(args.router, credentials=credentials, api_key=args.api_key) as client:
             events = client.chat_stream(args.prompt, **options)
             if args.json:
                 return print_json_events(events, started)
@@ -121,4 +127,8 @@ def register_chat(commands: Any) -> None:
     chat.add_argument("--max-tokens", type=int, help="most tokens per revision")
     chat.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     chat.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
+    chat.add_argument("--api-key", help="API key (default $TIERMESH_API_KEY)")
+    chat.add_argument("--ca", type=Path, help="CA file: talk TLS to the router")
+    chat.add_argument("--cert", type=Path, help="client certificate (mTLS), with --key")
+    chat.add_argument("--key", type=Path, help="the client certificate's key")
     chat.set_defaults(func=cmd_chat)

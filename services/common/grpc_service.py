@@ -162,20 +162,28 @@ async def start_server(
     register: Callable[[grpc.aio.Server], None],
     service_names: Sequence[str],
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    credentials: grpc.ServerCredentials | None = None,
+    reflection_on: bool = True,
 ) -> RunningServer:
     """Builds a grpc.aio server with health (NOT_SERVING at first) and reflection, and starts it.
 
     `register` adds the service's servicers; `service_names` are their full names, used for
     per-service health and reflection. Port 0 binds any free port; the bound port is returned.
+    With `credentials` the port speaks TLS only; `reflection_on=False` leaves reflection off.
     """
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=list(interceptors))
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        [*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
-    )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    if reflection_on:
+        reflection.enable_server_reflection(
+            [*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+        )
+    address = f"{host}:{port}"
+    if credentials is None:
+        bound = server.add_insecure_port(address)
+    else:
+        bound = server.add_secure_port(address, credentials)
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")
     await server.start()

@@ -9,7 +9,7 @@ import argparse
 import asyncio
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -33,6 +33,7 @@ from services.router.servicer import RouterServicer
 from services.router.tier_calls import TierChannels
 from services.router.tier_health import TierHealth
 from services.router.tier_loads import TierLoadWatcher
+from services.security.settings import ServiceSecurity
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,14 @@ def add_router_service(servicer: RouterServicer, server: grpc.aio.Server) -> Non
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
-async def start_router(config: RouterConfig) -> RouterServer:
-    channels = TierChannels(config.tiers)
+async def start_router(
+    config: RouterConfig, security: ServiceSecurity | None = None
+) -> RouterServer:
+    """Starts the router; `security` (TLS, API keys) from the environment in `main`, plaintext
+    and no keys when None."""
+    security = security or ServiceSecurity()
+    security.check_listen(config.host, "router")
+    channels = TierChannels(config.tiers, security.channel_credentials())
     watcher = TierLoadWatcher(channels, config.load_watch_interval_ms, config.load_stale_ms)
     outliers = OutlierDetector(
         config.eject_after_failures,
@@ -111,6 +118,9 @@ async def start_router(config: RouterConfig) -> RouterServer:
         config.port,
         lambda server: add_router_service(servicer, server),
         [SERVICE_NAME],
+        interceptors=security.interceptors(),
+        credentials=security.server_credentials(),
+        reflection_on=security.reflection,
     )
     watcher.start()
     await watcher.first_reports(FIRST_REPORTS_S)
@@ -130,9 +140,9 @@ def parse_tier_targets(values: list[str]) -> dict[str, str] | None:
     return targets
 
 
-async def _serve(config: RouterConfig) -> None:
+async def _serve(config: RouterConfig, security: ServiceSecurity) -> None:
     telemetry = setup_telemetry("router", prometheus_port=config.metrics_port)
-    router = await start_router(config)
+    router = await start_router(config, security)
     log.info("router on %s, tiers %s", router.address, config.tiers)
     await serve_until_signalled(router.running, config.drain_grace_s, router.close_upstream)
     telemetry.shutdown()
@@ -147,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tier", action="append", default=[], help="NAME=TARGET, overrides one tier's address"
     )
+    parser.add_argument(
+        "--insecure", action="store_true", help="allow plaintext on a non-loopback address"
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         overrides = parse_tier_targets(args.tier)
@@ -155,8 +168,11 @@ def main(argv: list[str] | None = None) -> int:
         if overrides:
             tiers = {**config.tiers, **overrides}
             config = load_config(RouterConfig, args.config, **options, tiers=tiers)
+        security = ServiceSecurity.from_env()
+        if args.insecure:
+            security = replace(security, insecure=True)
         configure_logging("router", env.log_level())
-        asyncio.run(_serve(config))
+        asyncio.run(_serve(config, security))
     except TiermeshError as e:
         print(f"router: {e}", file=sys.stderr)
         return 2

@@ -72,16 +72,25 @@ def split_targets(target: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in target.split(",") if part.strip())
 
 
+def _channel(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
+    if credentials is None:
+        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
+
+
 class TierChannels:
     """A gRPC channel and stub per replica of each configured tier (plain host:port or an
     xds:/// target). Which replica a call goes to is the `picker`'s choice (the router's tier
     health); without one, the first not yet tried."""
 
-    def __init__(self, targets: Mapping[str, str]) -> None:
+    def __init__(
+        self, targets: Mapping[str, str], credentials: grpc.ChannelCredentials | None = None
+    ) -> None:
+        """`credentials` make every channel TLS (mTLS with the router's certificate)."""
         self.targets = dict(targets)
         self.replicas = {tier: split_targets(target) for tier, target in targets.items()}
         self._channels = {
-            endpoint: grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+            endpoint: _channel(endpoint, credentials)
             for endpoints in self.replicas.values()
             for endpoint in endpoints
         }

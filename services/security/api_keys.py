@@ -114,7 +114,7 @@ class _Bucket:
         self.level = self.per_minute
 
     def _refill(self, now: float) -> None:
-        elapsed = now - self.stamp
+        elapsed = max(0.0, now - self.stamp)  # `now` may predate a bucket made after it
         self.level = min(self.per_minute, self.level + elapsed * self.per_minute / 60.0)
         self.stamp = now
 

@@ -24,6 +24,7 @@ from services.common.grpc_service import (
     start_server,
 )
 from services.common.telemetry import setup_telemetry
+from services.security.settings import ServiceSecurity
 from services.tier.engine import Engine
 from services.tier.factory import create_engine
 from services.tier.model_loading import imported_dtype
@@ -55,8 +56,11 @@ class TierServer:
         await self.engine.shutdown()
 
 
-async def start_tier(config: TierConfig) -> TierServer:
-    """Starts the server (NOT_SERVING), loads the model, then reports SERVING."""
+async def start_tier(config: TierConfig, security: ServiceSecurity | None = None) -> TierServer:
+    """Starts the server (NOT_SERVING), loads the model, then reports SERVING. `security`
+    (TLS, the callers allowed) from the environment in `main`; plaintext when None."""
+    security = security or ServiceSecurity()
+    security.check_listen(config.host, f"tier {config.name}")
     engine = create_engine(config)
     servicer = TierServicer(config.name, engine, config.max_tokens)
     running = await start_server(
@@ -64,6 +68,9 @@ async def start_tier(config: TierConfig) -> TierServer:
         config.port,
         lambda server: tier_pb2_grpc.add_TierServiceServicer_to_server(servicer, server),
         [SERVICE_NAME],
+        interceptors=security.interceptors(),
+        credentials=security.server_credentials(),
+        reflection_on=security.reflection,
     )
     try:
         await engine.start()
@@ -82,12 +89,15 @@ def parse_args(argv: list[str], default_config: Path) -> argparse.Namespace:
     parser.add_argument("--model", type=Path, help="override the config's model_path")
     parser.add_argument("--device", help="override the config's device (cpu, cuda, cuda:N)")
     parser.add_argument("--metrics-port", type=int, help="override the config's metrics_port")
+    parser.add_argument(
+        "--insecure", action="store_true", help="allow plaintext on a non-loopback address"
+    )
     return parser.parse_args(argv)
 
 
-async def _serve(config: TierConfig) -> None:
+async def _serve(config: TierConfig, security: ServiceSecurity) -> None:
     telemetry = setup_telemetry(f"tier-{config.name}", prometheus_port=config.metrics_port)
-    tier = await start_tier(config)
+    tier = await start_tier(config, security)
     log.info("tier %s serving %s on %s", config.name, config.model_path, tier.address)
     await serve_until_signalled(tier.running, config.drain_grace_s, tier.engine.shutdown)
     telemetry.shutdown()
@@ -112,8 +122,11 @@ def main(default_config: Path, argv: list[str] | None = None) -> int:
         threads = env.torch_threads()
         if threads is not None:
             config = replace(config, torch_threads=threads)
+        security = ServiceSecurity.from_env()
+        if args.insecure:
+            security = replace(security, insecure=True)
         configure_logging(f"tier-{config.name}", env.log_level())
-        asyncio.run(_serve(config))
+        asyncio.run(_serve(config, security))
     except TiermeshError as e:
         print(f"tier: {e}", file=sys.stderr)
         return 2

@@ -23,7 +23,12 @@ from tiermesh.client.events import (
     event_to_json,
 )
 from tiermesh.client.requests import MODES, build_request
-from tiermesh.client.router_client import AsyncRouterClient, RouterClient, router_address
+from tiermesh.client.router_client import (
+    AsyncRouterClient,
+    RouterClient,
+    router_address,
+    tls_credentials,
+)
 
 __all__ = [
     "MODES",
@@ -41,4 +46,5 @@ __all__ = [
     "event_from_proto",
     "event_to_json",
     "router_address",
+    "tls_credentials",
 ]

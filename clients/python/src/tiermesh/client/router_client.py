@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -20,6 +21,7 @@ from tiermesh.v1 import router_pb2, router_pb2_grpc
 
 DEFAULT_ROUTER_ADDRESS = "127.0.0.1:50051"
 ROUTER_ADDRESS_ENV = "TIERMESH_ROUTER"
+API_KEY_ENV = "TIERMESH_API_KEY"
 
 
 def router_address() -> str:
@@ -27,14 +29,37 @@ def router_address() -> str:
     return os.environ.get(ROUTER_ADDRESS_ENV, DEFAULT_ROUTER_ADDRESS)
 
 
+def tls_credentials(
+    ca: str | Path, cert: str | Path | None = None, key: str | Path | None = None
+) -> grpc.ChannelCredentials:
+    """TLS channel credentials trusting the CA in file `ca`; with `cert` and `key`, the client
+    presents that certificate too (mTLS)."""
+    return grpc.ssl_channel_credentials(
+        root_certificates=Path(ca).read_bytes(),
+        private_key=Path(key).read_bytes() if key else None,
+        certificate_chain=Path(cert).read_bytes() if cert else None,
+    )
+
+
+def _key_metadata(api_key: str | None) -> list[tuple[str, str]]:
+    key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+    return [("authorization", f"Bearer {key}")] if key else []
+
+
 class AsyncRouterClient:
     """Client of RouterService on a grpc.aio channel; use it inside the event loop it was
-    created in. `credentials` (grpc.ssl_channel_credentials) makes the channel TLS."""
+    created in. `credentials` (tls_credentials(...)) makes the channel TLS; `api_key` (default
+    $TIERMESH_API_KEY) is sent as `authorization: Bearer` on every call."""
 
     def __init__(
-        self, address: str | None = None, *, credentials: grpc.ChannelCredentials | None = None
+        self,
+        address: str | None = None,
+        *,
+        credentials: grpc.ChannelCredentials | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.address = address or router_address()
+        self._auth = _key_metadata(api_key)
         if credentials is None:
             self._channel = grpc.aio.insecure_channel(self.address)
         else:
@@ -47,7 +72,7 @@ class AsyncRouterClient:
         """The chat's events as they arrive; options are build_request's keywords."""
         request = build_request(prompt, **options)
         span, metadata = start_chat_span(options.get("mode", "routed"))
-        call = self._stub.Chat(request, timeout=timeout, metadata=metadata)
+        call = self._stub.Chat(request, timeout=timeout, metadata=[*metadata, *self._auth])
         code = "CANCELLED"
         try:
             async for event in call:
@@ -71,7 +96,7 @@ class AsyncRouterClient:
         """Scores a finished chat in [0, 1]; False when the router no longer remembers it."""
         request = router_pb2.FeedbackRequest(request_id=request_id, score=score)
         try:
-            response = await self._stub.Feedback(request)
+            response = await self._stub.Feedback(request, metadata=self._auth)
         except grpc.aio.AioRpcError as e:
             raise ChatError.from_rpc_error(e) from None
         return bool(response.accepted)
@@ -87,12 +112,18 @@ class AsyncRouterClient:
 
 
 class RouterClient:
-    """Client of RouterService on a blocking channel; safe to share between threads."""
+    """Client of RouterService on a blocking channel; safe to share between threads. Takes the
+    same `credentials` and `api_key` as AsyncRouterClient."""
 
     def __init__(
-        self, address: str | None = None, *, credentials: grpc.ChannelCredentials | None = None
+        self,
+        address: str | None = None,
+        *,
+        credentials: grpc.ChannelCredentials | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.address = address or router_address()
+        self._auth = _key_metadata(api_key)
         if credentials is None:
             self._channel = grpc.insecure_channel(self.address)
         else:
@@ -105,7 +136,7 @@ class RouterClient:
         """The chat's events as they arrive; options are build_request's keywords."""
         request = build_request(prompt, **options)
         span, metadata = start_chat_span(options.get("mode", "routed"))
-        call = self._stub.Chat(request, timeout=timeout, metadata=metadata)
+        call = self._stub.Chat(request, timeout=timeout, metadata=[*metadata, *self._auth])
         code = "CANCELLED"
         try:
             for event in call:
@@ -129,7 +160,7 @@ class RouterClient:
         """Scores a finished chat in [0, 1]; False when the router no longer remembers it."""
         request = router_pb2.FeedbackRequest(request_id=request_id, score=score)
         try:
-            return bool(self._stub.Feedback(request).accepted)
+            return bool(self._stub.Feedback(request, metadata=self._auth).accepted)
         except grpc.RpcError as e:
             raise ChatError.from_rpc_error(e) from None
 
