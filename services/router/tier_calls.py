@@ -142,6 +142,33 @@ def stalled_error(tier: str, stall_s: float, chunks: int) -> grpc.aio.AioRpcErro
     )
 
 
+class StallWatch:
+    """Cancels a call that has been waited on for its next chunk for `stall_s`. One timer per
+    call, re-armed only when it fires, so reading a chunk costs two attribute writes; time the
+    reader spends elsewhere (its consumer is slow, or it has not started reading) never counts.
+    """
+
+    def __init__(self, call: GenerateStream, stall_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._call = call
+        self._stall_s = stall_s
+        self.waiting_since: float | None = None  # the reader awaits a chunk since then
+        self.fired = False  # the call was cancelled as stalled
+        self._timer = self._loop.call_later(stall_s, self._check)
+
+    def _check(self) -> None:
+        since, now = self.waiting_since, self._loop.time()
+        if since is not None and now - since >= self._stall_s:
+            self.fired = True
+            self._call.cancel()  # a failure, not the router's choice: TierCall.cancelled stays
+            return
+        left = self._stall_s if since is None else self._stall_s - (now - since)
+        self._timer = self._loop.call_later(left, self._check)
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
 class TierCall:
     """One Generate call to one tier, started at construction; read it with chunks(). A call
     with no chunk for `stall_s` (the first included) is cancelled and fails UNAVAILABLE."""
@@ -173,18 +200,14 @@ class TierCall:
 
     async def chunks(self) -> AsyncIterator[tier_pb2.GenerateChunk]:
         """The tier's chunks; raises grpc.aio.AioRpcError with the tier's status on failure."""
-        stream = aiter(self.call)
+        loop = asyncio.get_running_loop()
+        watch = StallWatch(self.call, self.stall_s) if self.stall_s is not None else None
         try:
-            while True:
-                try:
-                    async with asyncio.timeout(self.stall_s):
-                        chunk = await anext(stream)
-                except StopAsyncIteration:
-                    return
-                except TimeoutError:
-                    self.call.cancel()  # a failure, not the router's choice: not `cancelled`
-                    assert self.stall_s is not None
-                    raise stalled_error(self.tier, self.stall_s, self.chunk_count) from None
+            if watch is not None:
+                watch.waiting_since = loop.time()
+            async for chunk in self.call:
+                if watch is not None:
+                    watch.waiting_since = None
                 self.chunk_count += 1
                 self.text += chunk.text
                 self.logprobs.extend(chunk.logprobs)
@@ -192,9 +215,26 @@ class TierCall:
                     self.finish_reason = chunk.finish_reason
                     self.usage = chunk.usage
                 yield chunk
+                if watch is not None:
+                    watch.waiting_since = loop.time()
         except grpc.aio.AioRpcError as e:
-            self.error = e
+            self.error = self._stalled() if watch is not None and watch.fired else e
+            if self.error is not e:
+                raise self.error from None
             raise
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if watch is None or not watch.fired or (task is not None and task.cancelling()):
+                raise  # the router's own cancel, not the stall watch's
+            self.error = self._stalled()
+            raise self.error from None
+        finally:
+            if watch is not None:
+                watch.stop()
+
+    def _stalled(self) -> grpc.aio.AioRpcError:
+        assert self.stall_s is not None
+        return stalled_error(self.tier, self.stall_s, self.chunk_count)
 
     @property
     def confidence(self) -> float:
