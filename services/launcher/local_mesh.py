@@ -30,7 +30,9 @@ from services.common import env
 from services.common.config import TierConfig, load_config
 from services.common.errors import ConfigError
 from services.common.tiers import TIER_NAMES
+from services.launcher.secure_run import SecureRun
 from services.launcher.supervisor import Supervisor, stop_in_order
+from services.security.tls import channel_credentials
 
 SERVICES_DIR = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 300.0
@@ -112,10 +114,28 @@ def plan_children(
     mesh: bool = False,
     http_port: int | None = None,
     replicas: dict[str, int] | None = None,
+    secure: SecureRun | None = None,
 ) -> list[Child]:
     """The processes to start (the gateway, then the router last); raises ConfigError if a
     model folder is missing. `replicas` runs that many processes of a tier ("small", "small-2",
-    ...; those past the first on free ports, metrics off), all given to the router."""
+    ...; those past the first on free ports, metrics off), all given to the router. `secure`
+    gives every child its TLS and key environment."""
+    children = _plan_children(base_port, models, device, run_dir, mesh, http_port, replicas)
+    if secure is not None:
+        for child in children:
+            child.env = {**(child.env or {}), **secure.env_for(child.name)}
+    return children
+
+
+def _plan_children(
+    base_port: int | None,
+    models: dict[str, Path],
+    device: str | None,
+    run_dir: Path,
+    mesh: bool,
+    http_port: int | None,
+    replicas: dict[str, int] | None,
+) -> list[Child]:
     if mesh and any(n > 1 for n in (replicas or {}).values()):
         raise ConfigError("--replicas: not supported with --mesh yet")
     children = []
@@ -223,6 +243,17 @@ def wait_healthy(children: list[Child], console: Console) -> bool:
     return True
 
 
+# mTLS credentials of the launcher's own calls in a `--secure` run (None: plaintext)
+_CREDENTIALS: list[grpc.ChannelCredentials | None] = [None]
+
+
+def _channel(address: str) -> grpc.Channel:
+    credentials = _CREDENTIALS[0]
+    if credentials is None:
+        return grpc.insecure_channel(address)
+    return grpc.secure_channel(address, credentials)
+
+
 def is_healthy(child: Child) -> bool:
     """The child's own health check: HTTP for the gateway, gRPC health for the rest."""
     return is_http_healthy(child.health_url) if child.health_url else is_serving(child.address)
@@ -231,7 +262,7 @@ def is_healthy(child: Child) -> bool:
 def is_serving(address: str) -> bool:
     """True when the service at `address` answers gRPC health with SERVING."""
     try:
-        with grpc.insecure_channel(address) as channel:
+        with _channel(address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             response = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=0.5)
             return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
@@ -253,7 +284,7 @@ def tier_memory(address: str) -> tuple[str, str]:
     from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
     try:
-        with grpc.insecure_channel(address) as channel:
+        with _channel(address) as channel:
             status = tier_pb2_grpc.TierServiceStub(channel).GetStatus(
                 tier_pb2.GetStatusRequest(), timeout=2
             )
@@ -282,9 +313,17 @@ def run_mesh(
     mesh: bool = False,
     http_port: int | None = None,
     replicas: dict[str, int] | None = None,
+    secure: bool = False,
 ) -> int:
     console = console or Console()
     run_dir = Path(env.run_dir())
+    secure_run = None
+    if secure:
+        from services.launcher.secure_run import prepare_secure_run
+
+        secure_run = prepare_secure_run(run_dir)
+        # the launcher's health checks and GetStatus calls present the router's identity
+        _CREDENTIALS[0] = channel_credentials(secure_run.files("router"))
     # Every service appends its finished spans here; `tiermesh trace` reads them.
     os.environ.setdefault("TIERMESH_TRACE_FILE", str(run_dir / "traces.jsonl"))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -297,6 +336,7 @@ def run_mesh(
             mesh=mesh,
             http_port=http_port,
             replicas=replicas,
+            secure=secure_run,
         )
     except ConfigError as e:
         console.print(f"[red]tiermesh run:[/red] {e}")
@@ -312,7 +352,7 @@ def run_mesh(
             child.start()
         if not wait_healthy(children, console):
             return 1
-        _print_addresses(children, run_dir, console)
+        _print_addresses(children, run_dir, console, secure_run)
         if mesh:
             control_plane = next(c for c in children if c.name == "control-plane")
             console.print(
@@ -320,7 +360,7 @@ def run_mesh(
                 f"(edits are served); tiermesh mesh status --address {control_plane.address}"
             )
         if demo_prompt and not stop_requested:
-            _demo(children[-1].address, demo_prompt, console)
+            _demo(children[-1].address, demo_prompt, console, secure_run)
         supervisor = Supervisor(children, is_healthy, console, run_dir / "pids.json")
         console.print(f"pids: {run_dir / 'pids.json'}; a crashed service is restarted")
         console.print("[dim]serving; Ctrl-C stops every service[/dim]")
@@ -337,18 +377,28 @@ def run_mesh(
             signal.signal(sig, handler)
 
 
-def _print_addresses(children: list[Child], run_dir: Path, console: Console) -> None:
+def _print_addresses(
+    children: list[Child], run_dir: Path, console: Console, secure: SecureRun | None = None
+) -> None:
     table = Table(title="tiermesh is up")
     for column in ("service", "address", "pid", "model", "memory: weights + KV pool"):
         table.add_column(column)
     for child in children:
         pid = str(child.process.pid) if child.process else "-"
-        model, memory = tier_memory(child.address) if child.name in TIER_NAMES else ("", "")
+        tier = child.name.partition("-")[0]  # "small-2" is a replica of small
+        model, memory = tier_memory(child.address) if tier in TIER_NAMES else ("", "")
         table.add_row(child.name, child.address, pid, model, memory)
     console.print(table)
     console.print(f"logs: {children[0].log_path.parent}/<service>.log")
     router = children[-1].address
     flag = "" if router == env.DEFAULT_ROUTER_ADDRESS else f" --router {router}"
+    if secure is not None:
+        console.print(
+            f"secure: TLS on every service, mTLS router -> tiers, API keys in {secure.keys_file}"
+            f"; certificates in {secure.certs}"
+        )
+        console.print("  a key: [bold]tiermesh keys create --name demo --scopes chat[/bold]")
+        flag += f" --ca {secure.ca} --api-key KEY"
     console.print(f'try: [bold]tiermesh chat{flag} --mode progressive "Where is my order?"[/bold]')
     gateway = next((c for c in children if c.name == "gateway"), None)
     if gateway is not None:
@@ -356,11 +406,14 @@ def _print_addresses(children: list[Child], run_dir: Path, console: Console) -> 
         console.print(f"OpenAI API: http://{gateway.address}/v1 (model tiermesh-progressive, ...)")
 
 
-def _demo(router: str, prompt: str, console: Console) -> None:
-    from tiermesh.client import RouterClient
+def _demo(router: str, prompt: str, console: Console, secure: SecureRun | None = None) -> None:
+    from tiermesh.client import RouterClient, tls_credentials
 
     from services.terminal.chat_view import show_live
 
     console.print(f"[bold]demo:[/bold] progressive chat: {prompt!r}")
-    with RouterClient(router) as client:
+    credentials, key = None, None
+    if secure is not None:
+        credentials, key = tls_credentials(secure.ca), secure.demo_key()
+    with RouterClient(router, credentials=credentials, api_key=key) as client:
         show_live(client.chat_stream(prompt, mode="progressive", timeout=120), console)

@@ -93,3 +93,27 @@ def test_killed_tier_is_restarted_while_the_router_falls_back(
         named = "fallback" in route_reason(result) or "retried on" in result.final.reason
         assert named, (route_reason(result), result.final.reason)
     assert any("small killed by SIGKILL" in line for line in lines.lines)
+
+
+def test_killed_replica_leaves_pinned_chats_answered_by_the_other(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    base = free_base_port()
+    models = [a for tier in TIER_NAMES for a in ("--model", f"{tier}={tiny_model_dir}")]
+    args = ["--base-port", str(base), "--replicas", "small=2", *models]
+    with tiermesh_run(args, {"TIERMESH_RUN_DIR": str(run_dir)}) as (process, output):
+        lines = Lines(process)
+        assert any("small-2" in line for line in output)  # in the table of services
+        pids = json.loads((run_dir / "pids.json").read_text())
+        with RouterClient(f"127.0.0.1:{base}") as client:
+            os.kill(pids["small-2"], signal.SIGKILL)
+            during = [
+                client.chat(PROMPT, mode="pinned", tier="small", max_tokens=8, timeout=30)
+                for _ in range(8)
+            ]
+            lines.wait_for("small-2 serving again")
+            assert json.loads((run_dir / "pids.json").read_text())["small"] == pids["small"]
+    for result in during:  # every pinned chat answered by small: the live replica
+        assert result.tier == "small", result.final.reason
+        assert result.final.revisions == 1
