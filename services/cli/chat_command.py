@@ -47,6 +47,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         device=args.device,
         demo_prompt=None if args.no_demo else args.demo_prompt,
         mesh=args.mesh,
+        secure=args.secure,
         http_port=args.http_port,
         replicas=_replica_counts(args.replicas) if args.replicas else None,
     )
@@ -108,6 +109,12 @@ def register_run(commands: Any) -> None:
         "--mesh",
         action="store_true",
         help="also start the xDS control plane; the router reaches tiers via xds:///tier-NAME",
+    )
+    run.add_argument(
+        "--secure",
+        action="store_true",
+        help="TLS everywhere, mTLS router -> tiers, API keys at the router (certs in "
+        "<run dir>/certs, keys in <run dir>/keys.json)",
     )
     run.add_argument(
         "--replicas",

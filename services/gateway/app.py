@@ -25,6 +25,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from services.gateway.openai_wire import model_card, model_list
 from services.gateway.router_chat import RouterChat, call_metadata, router_stub, start_span
+from services.security.settings import ServiceSecurity
 
 CHAT_PAGE = Path(__file__).with_name("chat_page.html")
 REVISIONS_HEADER = "x-tiermesh-revisions"
@@ -39,7 +40,12 @@ class RouterConnection:
         self.channel: grpc.aio.Channel | None = None
 
     def open(self) -> grpc.aio.Channel:
-        self.channel = grpc.aio.insecure_channel(self.target)
+        """Plaintext, or TLS with this gateway's certificate when TIERMESH_TLS_* say so."""
+        credentials = ServiceSecurity.from_env().channel_credentials()
+        if credentials is None:
+            self.channel = grpc.aio.insecure_channel(self.target)
+        else:
+            self.channel = grpc.aio.secure_channel(self.target, credentials)
         return self.channel
 
     def get(self) -> grpc.aio.Channel:
