@@ -30,7 +30,7 @@ from services.common import env
 from services.common.config import TierConfig, load_config
 from services.common.errors import ConfigError
 from services.common.tiers import TIER_NAMES
-from services.launcher.secure_run import SecureRun
+from services.launcher.secure_run import SecureRun, prepare_secure_run
 from services.launcher.supervisor import Supervisor, stop_in_order
 from services.security.tls import channel_credentials
 
@@ -319,8 +319,6 @@ def run_mesh(
     run_dir = Path(env.run_dir())
     secure_run = None
     if secure:
-        from services.launcher.secure_run import prepare_secure_run
-
         secure_run = prepare_secure_run(run_dir)
         # the launcher's health checks and GetStatus calls present the router's identity
         _CREDENTIALS[0] = channel_credentials(secure_run.files("router"))
