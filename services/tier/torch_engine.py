@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -47,6 +48,7 @@ class TorchEngine(EngineLifecycle):
         self._stops: dict[str, threading.Event] = {}
         self._kv_used: dict[str, int] = {}  # sequential path: positions per request
         self._kv_peak = 0
+        self.startup_s: dict[str, float] = {}  # start-up phases in order: weights, kv_pool, ...
 
     @property
     def batching(self) -> bool:
@@ -59,20 +61,26 @@ class TorchEngine(EngineLifecycle):
         self._torch_thread = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"torch-{cfg.name}"
         )
+        started = time.perf_counter()
         loaded = await loop.run_in_executor(
             self._torch_thread, load_causal_lm, cfg.model_path, cfg.device, cfg.dtype
         )
+        self.startup_s["weights"] = time.perf_counter() - started
         max_len = pool_positions(cfg, loaded.context_length)
         passes = pooled_passes(loaded.model, max_len) if cfg.batching else "batching = false"
         if not isinstance(passes, str):
             loaded = replace(loaded, context_length=max_len)
+            started = time.perf_counter()
             self._pool = await loop.run_in_executor(
                 self._torch_thread, passes.create_pool, loaded.model, cfg.max_running, max_len
             )
+            self.startup_s["kv_pool"] = time.perf_counter() - started
             self._scheduler = BatchScheduler(
                 loaded, passes, self._pool, cfg.prefill_tokens_per_step
             )
+            started = time.perf_counter()
             await loop.run_in_executor(self._torch_thread, self._scheduler.warm_up)
+            self.startup_s["warm_up"] = time.perf_counter() - started
             self._scheduler.start(self._torch_thread)
             log.info(
                 "tier %s: continuous batching (%s) over a KV pool of %d slots x %d positions, "
@@ -89,6 +97,12 @@ class TorchEngine(EngineLifecycle):
                 max_workers=cfg.max_running, thread_name_prefix=f"decode-{cfg.name}"
             )
         self._loaded = loaded
+        log.info(
+            "tier %s: model ready in %.2f s (%s)",
+            cfg.name,
+            sum(self.startup_s.values()),
+            ", ".join(f"{part} {seconds:.2f} s" for part, seconds in self.startup_s.items()),
+        )
         return PromptFormat(loaded.tokenizer, loaded.eos_token_ids, loaded.context_length)
 
     async def _decode(self, prepared: PreparedRequest) -> AsyncGenerator[GenerationChunk, None]:

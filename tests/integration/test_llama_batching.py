@@ -133,6 +133,7 @@ async def test_pool_keeps_only_key_value_heads(tiny_model_dir: Path, tmp_path: P
         # 2 layers x (keys + values) x 3 slots x 2 kv heads x 128 positions x 16 wide x 4 bytes
         assert load.kv_pool_bytes == 2 * 2 * 3 * 2 * 128 * 16 * 4
         assert load.kv_pool_capacity_tokens == 3 * 128
+        assert list(engine.startup_s) == ["weights", "kv_pool", "warm_up"]  # the start-up phases
     finally:
         await engine.shutdown()
 
@@ -167,7 +168,7 @@ async def test_what_the_pool_cannot_reproduce_decodes_per_request(
     with caplog.at_level(logging.INFO, logger="services.tier.torch_engine"):
         engine = await _engine(folder, max_running=2, kv_max_len=64)
     try:
-        assert not engine.batching
+        assert not engine.batching and list(engine.startup_s) == ["weights"]
         assert reason in caplog.text and "one decode thread per request" in caplog.text
         request = GenerationRequest(request_id="a", prompt=PROMPTS[0], max_tokens=8)
         assert await _collect(engine, request) == hf_generate(loaded, request.prompt, 8)
