@@ -15,6 +15,7 @@ from collections.abc import Callable
 from tiermesh.v1 import router_pb2
 
 from services.common.answers import answers_agree
+from services.common.errors import PermissionDenied
 from services.router.chat_events import SessionEvent
 from services.router.chat_plan import ChatPlan
 from services.router.policy import RouteChoice, RoutingPolicy
@@ -35,29 +36,46 @@ class RoutingLessons:
         self._policy = policy
         self._agree = agree
         self._memory = memory
-        # request id -> (the policy's choice, the tier that answered): what Feedback rewards
-        self._recent: OrderedDict[str, tuple[RouteChoice, str]] = OrderedDict()
+        # request id -> (the policy's choice, the tier that answered, the caller who asked):
+        # what Feedback rewards, and who may give it
+        self._recent: OrderedDict[str, tuple[RouteChoice, str, str]] = OrderedDict()
 
-    def observer(self, plan: ChatPlan) -> ChatLessons:
-        """The observer of one planned chat's events."""
-        return ChatLessons(self, plan)
+    def observer(self, plan: ChatPlan, caller: str = "") -> ChatLessons:
+        """The observer of one planned chat's events; `caller` identifies who asked (the API
+        key's id; empty without keys)."""
+        return ChatLessons(self, plan, caller)
 
-    def feedback(self, request_id: str, score: float) -> bool:
-        """Rewards the tier that answered `request_id` with `score` in [0, 1]; False when the
-        request is not (or no longer) remembered."""
+    def feedback(self, request_id: str, score: float, caller: str = "") -> bool:
+        """Rewards the tier that answered `request_id` with `score` in [0, 1], once: False when
+        the request is not (or no longer) remembered, or was rewarded already. PermissionDenied
+        when `caller` is not who made the request, so no one steers the policy with others'
+        requests."""
         remembered = self._recent.get(request_id)
         if remembered is None:
             return False
-        choice, tier = remembered
+        choice, tier, owner = remembered
+        if owner != caller:
+            raise PermissionDenied(
+                f"request_id: {request_id!r} was made by another caller; only its caller may "
+                "give feedback on it"
+            )
+        del self._recent[request_id]
         self._policy.learn(choice, tier, score)
         return True
 
-    def answered(self, plan: ChatPlan, tier: str, draft: str | None, refined: str | None) -> None:
+    def answered(
+        self,
+        plan: ChatPlan,
+        tier: str,
+        draft: str | None,
+        refined: str | None,
+        caller: str = "",
+    ) -> None:
         """Remembers the decision; with both a complete draft and a complete refinement, the
         refine tier was right and the draft tier right only if the answers agree."""
         if plan.choice is None:
             return
-        self._recent[plan.request_id] = (plan.choice, tier)
+        self._recent[plan.request_id] = (plan.choice, tier, caller)
         self._recent.move_to_end(plan.request_id)
         while len(self._recent) > self._memory:
             self._recent.popitem(last=False)
@@ -70,9 +88,10 @@ class RoutingLessons:
 class ChatLessons:
     """Collects one chat's revision texts from its deltas; at Final, hands what it saw over."""
 
-    def __init__(self, lessons: RoutingLessons, plan: ChatPlan) -> None:
+    def __init__(self, lessons: RoutingLessons, plan: ChatPlan, caller: str = "") -> None:
         self._lessons = lessons
         self._plan = plan
+        self._caller = caller
         self._texts: dict[int, list[str]] = {}
         self._complete: set[int] = set()  # revisions whose tier finished without error
 
@@ -86,7 +105,7 @@ class ChatLessons:
         elif event.HasField("final"):
             progressive = self._plan.mode == router_pb2.MODE_PROGRESSIVE
             draft, refined = (self._text(0), self._text(1)) if progressive else (None, None)
-            self._lessons.answered(self._plan, event.final.tier, draft, refined)
+            self._lessons.answered(self._plan, event.final.tier, draft, refined, self._caller)
 
     def _text(self, revision: int) -> str | None:
         """The revision's text if it completed, else None."""

@@ -22,7 +22,7 @@ from tiermesh.v1 import router_pb2, router_pb2_grpc, tier_pb2
 
 from services.common.answers import answers_agree
 from services.common.config import GATES, RouterConfig
-from services.common.errors import InvalidArgument, TiermeshError
+from services.common.errors import InvalidArgument, PermissionDenied, TiermeshError
 from services.common.grpc_service import Undecodable, status_code
 from services.common.tiers import check_tier
 from services.common.validation import (
@@ -40,6 +40,7 @@ from services.router.learning import AnswersAgree, RoutingLessons
 from services.router.policy import Loads, RoutingInput, RoutingPolicy
 from services.router.tier_calls import TierClient
 from services.router.tier_health import TierHealth
+from services.security.api_key_auth import current_api_key
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +203,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 call_timeout_s=self._config.tier_call_timeout_s,
                 stall_s=self._config.stall_timeout_ms / 1000,
             )
-            observers = (telemetry, self._lessons.observer(plan), self._health)
+            observers = (telemetry, self._lessons.observer(plan, _caller()), self._health)
             try:
                 async with aclosing(session.events()) as events:
                     async for event in events:
@@ -230,5 +231,15 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"score: must be in [0, 1], got {request.score}"
             )
-        accepted = self._lessons.feedback(request.request_id, request.score)
+        try:
+            accepted = self._lessons.feedback(request.request_id, request.score, _caller())
+        except PermissionDenied as e:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
+            raise AssertionError("abort raises") from None
         return router_pb2.FeedbackResponse(accepted=accepted)
+
+
+def _caller() -> str:
+    """Who is calling: the API key's id when the router enforces keys, else empty."""
+    key = current_api_key()
+    return key.id if key is not None else ""

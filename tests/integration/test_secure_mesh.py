@@ -60,8 +60,8 @@ async def mesh(tiny_model_dir: Path, tmp_path: Path) -> AsyncIterator[SecureMesh
         router_security = ServiceSecurity(
             _files(pki, "router"), client_auth="optional", keys_file=keys
         )
-        options = {"port": 0, "tiers": {"small": f"localhost:{tier.port}"}}
-        options |= {"draft_tier": "small", "refine_tier": "small"}
+        address = f"localhost:{tier.port}"  # one tier process serves all three names here
+        options = {"port": 0, "tiers": {"small": address, "medium": address, "large": address}}
         router = await start_router(build_config(RouterConfig, options), router_security)
         try:
             yield SecureMesh(router, tier, pki, keys, key)
@@ -137,6 +137,21 @@ async def test_the_tier_refuses_a_certificate_that_is_not_the_routers(mesh: Secu
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await stub.GetStatus(request, timeout=10)
             assert refused.value.code() == expected
+
+
+async def test_feedback_only_from_the_key_that_asked_and_once(mesh: SecureMesh) -> None:
+    _, other = create_key(mesh.keys, "other-app", ("chat", "feedback"))
+    await asyncio.sleep(1.1)
+    async with mesh.client(mesh.key) as client:
+        result = await client.chat("Hi", max_tokens=4, timeout=30)  # routed: the policy decides
+        request_id = result.events[0].request_id  # the RouteEvent
+        async with mesh.client(other) as stranger:
+            with pytest.raises(ChatError) as refused:
+                await stranger.feedback(request_id, 0.0)
+        assert refused.value.code == "PERMISSION_DENIED"
+        assert "made by another caller" in refused.value.message
+        assert await client.feedback(request_id, 1.0) is True
+        assert await client.feedback(request_id, 1.0) is False  # once per request
 
 
 def test_plaintext_beyond_loopback_refuses_to_start() -> None:
