@@ -80,9 +80,11 @@ def own_mesh(
     from services.common.errors import ConfigError
 
     try:
-        children = plan_children(
+        planned = plan_children(
             free_base_port() if base_port is None else base_port, models, device, log_dir
         )
+        # the bench drives the router over gRPC: no HTTP gateway taking CPU beside it
+        children = [child for child in planned if child.name != "gateway"]
     except (ConfigError, OSError) as e:
         raise BenchError(str(e)) from None
     try:
