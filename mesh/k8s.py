@@ -5,7 +5,8 @@ probes, requests and limits (and `nvidia.com/gpu` where the topology asks), a no
 read-only securityContext with an emptyDir for /tmp, a Service port named `grpc` and a
 `metrics` port with Prometheus scrape annotations; per tier Deployment a PodDisruptionBudget and
 a HorizontalPodAutoscaler (k8s_policies.py); and the HTTP gateway (OpenAI API and chat page)
-with `httpGet /health` probes and a Service port named `http`. Labels are the recommended
+with `httpGet /health` probes and a Service port named `http`; NetworkPolicies that let only
+the router reach the tiers and the control plane. Labels are the recommended
 `app.kubernetes.io/*` set; selectors use only the stable ones.
 
 In the cluster the topology's endpoints become the headless Services' DNS names, which the control
@@ -21,7 +22,7 @@ from typing import Any
 import yaml
 
 from mesh.bootstrap import BOOTSTRAP_CONFIG_ENV, grpc_bootstrap
-from mesh.k8s_policies import autoscaler, disruption_budget
+from mesh.k8s_policies import autoscaler, disruption_budget, network_policies
 from mesh.k8s_policies import service_monitor as service_monitor_object
 from mesh.topology import Cluster, Endpoint, Resources, Topology, dump_yaml, xds_target
 
@@ -278,6 +279,7 @@ def manifests(topology: Topology, service_monitor: bool = False) -> list[dict[st
     objects.append(_deployment("tiermesh-router", router_labels, 1, router))
     objects.append(_service("tiermesh-router", router_labels, router_port))
     objects += _gateway_objects(topology, _service_host("tiermesh-router", namespace), router_port)
+    objects += network_policies(APP, _metadata_labels(_labels("network")))
     if service_monitor:
         objects.append(service_monitor_object(APP, _metadata_labels(_labels("monitoring"))))
     for item in objects[1:]:

@@ -68,3 +68,48 @@ def service_monitor(app: str, labels: dict[str, str]) -> dict[str, Any]:
             "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
         },
     }
+
+
+def network_policies(app: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+    """Ingress rules for the namespace: nothing reaches a pod unless allowed below. Tiers take
+    gRPC only from the router; the control plane only from the router (its xDS client); the
+    router from anywhere (its clients: the gateway, services, `tiermesh chat`); the gateway
+    from anywhere; every metrics port from anywhere (Prometheus usually lives in another
+    namespace). Ports are the containers' named ports."""
+
+    def selector(component: str) -> dict[str, Any]:
+        return {
+            "matchLabels": {"app.kubernetes.io/name": app, "app.kubernetes.io/component": component}
+        }
+
+    def policy(name: str, pods: dict[str, Any], rules: list[dict[str, Any]]) -> dict[str, Any]:
+        spec: dict[str, Any] = {"podSelector": pods, "policyTypes": ["Ingress"]}
+        if rules:
+            spec["ingress"] = rules
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": name, "labels": labels},
+            "spec": spec,
+        }
+
+    def ports(*names: str) -> list[dict[str, Any]]:
+        return [{"protocol": "TCP", "port": name} for name in names]
+
+    from_router = [{"podSelector": selector("router")}]
+    metrics = {"ports": ports("metrics")}
+    return [
+        policy(f"{app}-default-deny-ingress", {}, []),
+        policy(
+            f"{app}-tiers-from-router",
+            selector("tier"),
+            [{"from": from_router, "ports": ports("grpc")}, metrics],
+        ),
+        policy(
+            f"{app}-control-plane-from-router",
+            selector("control-plane"),
+            [{"from": from_router, "ports": ports("grpc")}],
+        ),
+        policy(f"{app}-router-ingress", selector("router"), [{"ports": ports("grpc")}, metrics]),
+        policy(f"{app}-gateway-ingress", selector("gateway"), [{"ports": ports("http")}]),
+    ]

@@ -85,3 +85,26 @@ def test_service_monitor_on_request() -> None:
     monitors = _by(_objects(service_monitor=True), "ServiceMonitor")
     endpoints = monitors["tiermesh"]["spec"]["endpoints"]
     assert endpoints == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+
+
+def test_network_policies_let_only_the_router_reach_tiers_and_control_plane() -> None:
+    objects = _objects()
+    policies = _by(objects, "NetworkPolicy")
+    for policy in policies.values():
+        kubernetes_validate.validate(policy, "1.37.0", strict=True)
+    deny = policies["tiermesh-default-deny-ingress"]["spec"]
+    assert deny == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    router = {"podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "tiermesh", "app.kubernetes.io/component": "router"
+    }}}  # fmt: skip
+    for name in ("tiermesh-tiers-from-router", "tiermesh-control-plane-from-router"):
+        grpc_rule = policies[name]["spec"]["ingress"][0]
+        assert grpc_rule["from"] == [router]
+        assert grpc_rule["ports"] == [{"protocol": "TCP", "port": "grpc"}]
+    tiers = policies["tiermesh-tiers-from-router"]["spec"]["podSelector"]["matchLabels"]
+    tier_pods = [
+        d["spec"]["template"]["metadata"]["labels"]
+        for n, d in _by(objects, "Deployment").items()
+        if n.startswith("tier-")
+    ]
+    assert tier_pods and all(tiers.items() <= pod.items() for pod in tier_pods)
