@@ -47,7 +47,7 @@ class TierConfig:
     kv_free_gpu_memory_fraction: float = 0.85
     max_num_tokens: int = 0
     drain_grace_s: float = 10.0  # on SIGTERM, how long in-flight streams may finish
-    metrics_port: int = 0  # Prometheus scrape endpoint on 127.0.0.1; 0 = off
+    metrics_port: int = 0  # Prometheus scrape endpoint (on $TIERMESH_METRICS_HOST); 0 = off
 
     def validate(self) -> None:
         _require(self.name in TIER_NAMES, "name", f"must be one of {', '.join(TIER_NAMES)}")
@@ -93,7 +93,7 @@ class RouterConfig:
     refine_tier: str = "large"  # progressive: the strong tier whose answer replaces the draft
     refine_budget_ms: int = 30000  # progressive: refinement must finish within this or is dropped
     drain_grace_s: float = 10.0
-    metrics_port: int = 0  # Prometheus scrape endpoint on 127.0.0.1; 0 = off
+    metrics_port: int = 0  # Prometheus scrape endpoint (on $TIERMESH_METRICS_HOST); 0 = off
     # Load-aware fallback: where a request goes when its tier is over its TTFT SLO or full.
     fallback: dict[str, str] = field(
         default_factory=lambda: {"small": "medium", "medium": "large", "large": "medium"}
