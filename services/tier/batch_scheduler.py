@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -25,6 +27,27 @@ from services.tier.pooled_models import PooledPasses
 from services.tier.prepared_request import PreparedRequest
 
 log = logging.getLogger(__name__)
+
+
+class BusyWindow:
+    """The share of the last `window_s` seconds a loop spent working. Spans are added by the
+    loop's thread; share() may be read from any thread (a deque copy is atomic)."""
+
+    def __init__(self, window_s: float = 5.0) -> None:
+        self.window_s = window_s
+        self._spans: deque[tuple[float, float]] = deque(maxlen=8192)  # (start, end), monotonic
+
+    def add(self, start: float, end: float) -> None:
+        self._spans.append((start, end))
+
+    def share(self, now: float | None = None) -> float:
+        """Busy seconds within (now - window_s, now] over window_s, in [0, 1]."""
+        now = time.monotonic() if now is None else now
+        since = now - self.window_s
+        busy = sum(
+            min(end, now) - max(start, since) for start, end in list(self._spans) if end > since
+        )
+        return max(0.0, min(1.0, busy / self.window_s))
 
 
 @dataclass
@@ -68,6 +91,7 @@ class BatchScheduler:
         self._done: Future[None] | None = None
         self.steps = 0
         self.batched_tokens = 0
+        self.busy = BusyWindow()  # prefill and decode time: the loop's utilisation
 
     def warm_up(self) -> None:
         """One prefill and one decode step of a one-token prompt in a free slot, then freed: the
@@ -99,9 +123,13 @@ class BatchScheduler:
                 self._drop_stopped()
                 if not self._active:
                     try:
-                        self._admit(self._inbox.get(timeout=0.05))
+                        first = self._inbox.get(timeout=0.05)
                     except queue.Empty:
                         continue
+                    started = time.monotonic()
+                    self._admit(first)
+                else:
+                    started = time.monotonic()
                 budget = self._prefill_budget
                 while budget > 0:
                     try:
@@ -112,6 +140,7 @@ class BatchScheduler:
                     self._admit(sequence)
                 if self._active:
                     self._step()
+                self.busy.add(started, time.monotonic())
             except Exception as e:  # a failed forward fails the running requests, not the tier
                 log.exception("batch step failed")
                 for slot, sequence in list(self._active.items()):

@@ -82,6 +82,9 @@ class EngineLoad:
     params: int
     max_prompt_tokens: int
     max_tokens: int
+    # share of the last 5 s the batched decode loop spent in forward passes, in [0, 1]; 0 when
+    # the engine has no such loop
+    decode_busy_share: float = 0.0
 
 
 class Engine(Protocol):

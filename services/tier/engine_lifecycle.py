@@ -96,6 +96,7 @@ class ModelFootprint:
     kv_pool_used_tokens: int = 0
     kv_pool_peak_tokens: int = 0
     kv_pool_bytes: int = 0
+    decode_busy_share: float = 0.0  # share of the last seconds the decode loop worked; 0 = n/a
 
 
 class EngineLifecycle(ABC):
@@ -180,6 +181,7 @@ class EngineLifecycle(ABC):
             params=footprint.params,
             max_prompt_tokens=cfg.max_prompt_tokens,
             max_tokens=cfg.max_tokens,
+            decode_busy_share=footprint.decode_busy_share,
         )
 
     async def shutdown(self) -> None:

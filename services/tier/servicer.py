@@ -15,7 +15,7 @@ import grpc
 from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
 
 from services.common.errors import InvalidArgument, TiermeshError
-from services.common.grpc_service import status_code
+from services.common.status_details import abort_error
 from services.common.validation import check_max_tokens, check_request_id, check_sampling
 from services.tier.engine import Engine, GenerationRequest, GenerationUsage, Sampling
 from services.tier.tier_telemetry import TierTelemetry
@@ -101,7 +101,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
                     )
         except TiermeshError as e:
             status, message = e.status, str(e)
-            await context.abort(status_code(e), str(e))
+            await abort_error(context, e)
         except (asyncio.CancelledError, GeneratorExit):
             status = "CANCELLED"
             await self._engine.abort(request.request_id)
@@ -139,6 +139,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
             max_tokens=load.max_tokens,
             max_prompt_tokens=load.max_prompt_tokens,
             params=load.params,
+            decode_busy_share=load.decode_busy_share,
         )
 
     async def GetStatus(

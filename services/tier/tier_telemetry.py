@@ -38,6 +38,7 @@ class TierTelemetry:
             ("tiermesh.tier.running", "running", "Requests decoding"),
             ("tiermesh.tier.kv_pool.used", "kv_pool_used_tokens", "KV positions in use"),
             ("tiermesh.tier.kv_pool.capacity", "kv_pool_capacity_tokens", "KV positions"),
+            ("tiermesh.tier.decode.busy", "decode_busy_share", "Decode loop busy share, last 5 s"),
         ):
             m.create_observable_gauge(name, callbacks=[self._gauge(field)], description=description)
 

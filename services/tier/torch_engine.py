@@ -188,6 +188,7 @@ class TorchEngine(EngineLifecycle):
             kv_pool_used_tokens=used,
             kv_pool_peak_tokens=peak,
             kv_pool_bytes=pool_bytes,
+            decode_busy_share=self._scheduler.busy.share() if self._scheduler else 0.0,
         )
 
     async def _stop_model(self) -> None:

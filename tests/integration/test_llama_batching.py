@@ -116,6 +116,7 @@ async def test_streams_joining_a_running_batch_equal_hf_generate(llama_dir: Path
         results = await asyncio.gather(
             *(_collect(engine, r, delay_s=0.004 * i) for i, r in enumerate(requests))
         )
+        assert 0.0 < engine.load().decode_busy_share <= 1.0  # the loop just worked
     finally:
         await engine.shutdown()
     loaded = load_causal_lm(llama_dir)

@@ -109,6 +109,7 @@ async def test_a_tier_serves_it_over_grpc(smollm2_dir: Path) -> None:
     # English words, not noise: ASCII letters, at least three words of two letters or more
     assert text.isascii() and len(re.findall(r"[A-Za-z]{2,}", text)) >= 3, text
     assert (status.model, status.serving) == ("smollm2-135m", True)
+    assert 0.0 < status.decode_busy_share <= 1.0  # its decode loop just served the request
     # 30 layers x (keys + values) x 2 slots x 3 kv heads x (512 + 256) positions x 64 x 4 bytes
     assert status.kv_pool_capacity_tokens == 2 * (512 + 256)
     assert status.kv_pool_bytes == 30 * 2 * 2 * 3 * (512 + 256) * 64 * 4
