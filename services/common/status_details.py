@@ -19,6 +19,8 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from services.common.errors import InvalidArgument, Overloaded, TiermeshError
+
 DOMAIN = "tiermesh"
 
 
@@ -59,3 +61,34 @@ async def abort_with_details(
 ) -> None:
     """Aborts the call (grpc.aio) with `message` and the details `rich_status` builds."""
     await context.abort_with_status(rich_status(code, message, **details))
+
+
+# How long a client refused for overload should wait before retrying, when nothing better is
+# known: about one short answer's time on a busy tier.
+OVERLOAD_RETRY_S = 0.5
+_REASONS = {
+    "INVALID_ARGUMENT": "INVALID_REQUEST",
+    "RESOURCE_EXHAUSTED": "OVERLOADED",
+    "UNAVAILABLE": "UNAVAILABLE",
+    "UNAUTHENTICATED": "API_KEY_INVALID",
+    "PERMISSION_DENIED": "PERMISSION_DENIED",
+}
+
+
+def error_details(error: TiermeshError) -> dict[str, Any]:
+    """The details for one of our errors: the field an InvalidArgument names (its message reads
+    "field: what was wrong"), a retry delay for overload, a stable reason for all."""
+    details: dict[str, Any] = {"reason": _REASONS.get(error.status, error.status)}
+    if isinstance(error, InvalidArgument):
+        field, sep, _ = str(error).partition(": ")
+        if sep and " " not in field:
+            details["field"] = field
+    if isinstance(error, Overloaded):
+        details["retry_after_s"] = getattr(error, "retry_after_s", OVERLOAD_RETRY_S)
+    return details
+
+
+async def abort_error(context: Any, error: TiermeshError) -> None:
+    """Aborts the call with `error`'s status, message and details."""
+    code = grpc.StatusCode[error.status]
+    await abort_with_details(context, code, str(error), **error_details(error))

@@ -23,7 +23,8 @@ from tiermesh.v1 import router_pb2, router_pb2_grpc, tier_pb2
 from services.common.answers import answers_agree
 from services.common.config import GATES, RouterConfig
 from services.common.errors import InvalidArgument, PermissionDenied, TiermeshError
-from services.common.grpc_service import Undecodable, status_code
+from services.common.grpc_service import Undecodable
+from services.common.status_details import OVERLOAD_RETRY_S, abort_error, abort_with_details
 from services.common.tiers import check_tier
 from services.common.validation import (
     check_max_tokens,
@@ -184,14 +185,20 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 f"(limit {self._config.max_inflight})"
             )
             telemetry.finish(code, message)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+            await abort_with_details(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                message,
+                reason="ROUTER_AT_CAPACITY",
+                retry_after_s=OVERLOAD_RETRY_S,
+            )
         self.inflight += 1
         try:
             try:
                 plan = self.plan(request)
             except TiermeshError as e:
                 code, message = e.status, str(e)
-                await context.abort(status_code(e), str(e))
+                await abort_error(context, e)
             clock.route_ms = clock.ms()
             telemetry.route(plan.decision, plan.generate.max_tokens, start_ns)
             session = ChatSession(
