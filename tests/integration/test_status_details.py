@@ -22,6 +22,9 @@ class AbortingRouterServicer(router_pb2_grpc.RouterServiceServicer):
     """Chat fails as the prompt asks: "overload" or "bad field"."""
 
     async def Chat(self, request, context):
+        if request.prompt == "deadline?":  # says how long the client gave it
+            remaining = context.time_remaining()
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{remaining}")
         if request.prompt == "overload":
             await abort_with_details(
                 context,
@@ -89,3 +92,13 @@ async def test_chat_json_error_event_carries_the_details(address: str) -> None:
     assert event["retry_after_s"] == pytest.approx(1.25)
     assert event["reason"] == "ROUTER_AT_CAPACITY"
     assert event["field_violations"] == []
+
+
+async def test_the_sdk_gives_every_chat_a_deadline_by_default(address: str) -> None:
+    async with AsyncRouterClient(address) as client:
+        with pytest.raises(ChatError) as default:
+            await client.chat("deadline?")
+        with pytest.raises(ChatError) as shorter:
+            await client.chat("deadline?", timeout=5)
+    assert 100 < float(default.value.message) <= 120  # DEFAULT_TIMEOUT_S
+    assert 0 < float(shorter.value.message) <= 5

@@ -22,6 +22,11 @@ from tiermesh.v1 import router_pb2, router_pb2_grpc
 DEFAULT_ROUTER_ADDRESS = "127.0.0.1:50051"
 ROUTER_ADDRESS_ENV = "TIERMESH_ROUTER"
 API_KEY_ENV = "TIERMESH_API_KEY"
+# Every chat has a deadline unless the caller passes timeout=None: a client never waits forever
+# on a stuck call, and the router and tiers stop work nobody waits for. Two minutes cover a
+# refined answer from a slow tier; pass a shorter one where latency matters.
+DEFAULT_TIMEOUT_S = 120.0
+FEEDBACK_TIMEOUT_S = 10.0
 
 
 def router_address() -> str:
@@ -67,7 +72,11 @@ class AsyncRouterClient:
         self._stub = router_pb2_grpc.RouterServiceStub(self._channel)
 
     async def chat_stream(
-        self, prompt: str | None = None, *, timeout: float | None = None, **options: Any
+        self,
+        prompt: str | None = None,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
+        **options: Any,
     ) -> AsyncIterator[Event]:
         """The chat's events as they arrive; options are build_request's keywords."""
         request = build_request(prompt, **options)
@@ -86,7 +95,11 @@ class AsyncRouterClient:
             end_span(span, code)
 
     async def chat(
-        self, prompt: str | None = None, *, timeout: float | None = None, **options: Any
+        self,
+        prompt: str | None = None,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
+        **options: Any,
     ) -> ChatResult:
         """Reads the chat to its final event and returns the answer."""
         events = [e async for e in self.chat_stream(prompt, timeout=timeout, **options)]
@@ -96,7 +109,9 @@ class AsyncRouterClient:
         """Scores a finished chat in [0, 1]; False when the router no longer remembers it."""
         request = router_pb2.FeedbackRequest(request_id=request_id, score=score)
         try:
-            response = await self._stub.Feedback(request, metadata=self._auth)
+            response = await self._stub.Feedback(
+                request, metadata=self._auth, timeout=FEEDBACK_TIMEOUT_S
+            )
         except grpc.aio.AioRpcError as e:
             raise ChatError.from_rpc_error(e) from None
         return bool(response.accepted)
@@ -131,7 +146,11 @@ class RouterClient:
         self._stub = router_pb2_grpc.RouterServiceStub(self._channel)
 
     def chat_stream(
-        self, prompt: str | None = None, *, timeout: float | None = None, **options: Any
+        self,
+        prompt: str | None = None,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
+        **options: Any,
     ) -> Iterator[Event]:
         """The chat's events as they arrive; options are build_request's keywords."""
         request = build_request(prompt, **options)
@@ -151,7 +170,11 @@ class RouterClient:
             end_span(span, code)
 
     def chat(
-        self, prompt: str | None = None, *, timeout: float | None = None, **options: Any
+        self,
+        prompt: str | None = None,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
+        **options: Any,
     ) -> ChatResult:
         """Reads the chat to its final event and returns the answer."""
         return ChatResult.from_events(list(self.chat_stream(prompt, timeout=timeout, **options)))
@@ -160,7 +183,8 @@ class RouterClient:
         """Scores a finished chat in [0, 1]; False when the router no longer remembers it."""
         request = router_pb2.FeedbackRequest(request_id=request_id, score=score)
         try:
-            return bool(self._stub.Feedback(request, metadata=self._auth).accepted)
+            response = self._stub.Feedback(request, metadata=self._auth, timeout=FEEDBACK_TIMEOUT_S)
+            return bool(response.accepted)
         except grpc.RpcError as e:
             raise ChatError.from_rpc_error(e) from None
 
