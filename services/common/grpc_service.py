@@ -32,10 +32,18 @@ KEEPALIVE_SERVER_OPTIONS = [
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+# Connection age: a server sends GOAWAY to a connection after 30 minutes (and lets its streams
+# finish for up to 5 more), so long-lived clients reconnect and spread over new replicas
+# behind a load balancer instead of staying pinned to the first ones forever.
+CONNECTION_AGE_OPTIONS = [
+    ("grpc.max_connection_age_ms", 30 * 60_000),
+    ("grpc.max_connection_age_grace_ms", 5 * 60_000),
+]
 SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
     ("grpc.max_receive_message_length", 4 * 1024 * 1024),
     *KEEPALIVE_SERVER_OPTIONS,
+    *CONNECTION_AGE_OPTIONS,
 ]
 # Client channels between services: a peer that stops answering pings (hung, or its host gone)
 # fails its calls within keepalive_time + keepalive_timeout, and a restarted peer is found again
