@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from tiermesh.client import ChatError, ChatResult, RouteEvent, RouterClient
 
 from services.common.tiers import TIER_NAMES
@@ -21,6 +22,7 @@ from tests.e2e.run_process import tiermesh_run
 
 PROMPT = "What is your return policy?"  # the router's default policy routes it to small
 EVENTUALLY_S = 120.0  # bound on waiting for a restart (a tier loads torch and its model)
+pytestmark = pytest.mark.timeout(400)  # six processes start, one again, on a busy 2-core machine
 
 
 class Lines:

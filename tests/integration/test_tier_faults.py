@@ -33,12 +33,13 @@ PROMPT = "What is your return policy?"  # the interim heuristic routes it to sma
 ROUTER = {
     "max_tokens": 400,
     "load_watch_interval_ms": 100,
-    "load_stale_ms": 500,
+    "load_stale_ms": 2000,  # generous: this machine's other work can delay a report
     "stall_timeout_ms": 1000,
     "tier_call_timeout_s": 60.0,
 }
 TIERS = {"max_tokens": 400}
 EVENTUALLY_S = 20.0  # bound on waiting for the router to notice a change (not a measurement)
+pytestmark = pytest.mark.timeout(300)  # four processes start per test on a busy 2-core machine
 
 
 @pytest.fixture
@@ -130,8 +131,11 @@ async def test_hung_tier_fails_its_pinned_chat_and_routing_leaves_it_until_it_re
                 )
             assert caught.value.code == "UNAVAILABLE"
             assert "stalled: no first chunk from tier small" in caught.value.message
+            # routed there before the router sees it silent: stalls, retried unseen on medium
             routed = await client.chat(PROMPT, max_tokens=8, timeout=30)
-            assert routed.tier == "medium" and "small" in route_of(routed).reason
+            assert routed.tier == "medium"
+            reasons = route_of(routed).reason + routed.final.reason
+            assert "fallback medium" in reasons or "retried on medium" in reasons, reasons
             assert_one_clean_revision(routed)
         finally:
             small.signal(signal.SIGCONT)
@@ -154,7 +158,9 @@ async def test_tier_killed_mid_answer_is_continued_by_the_next_tier_with_no_toke
     try:
         async with AsyncRouterClient(mesh.address) as client:
             events: list[Event] = []
-            async for event in client.chat_stream(PROMPT, max_tokens=300, timeout=60):
+            # pinned to small (no routing decision in the way), then killed mid-answer
+            options = {"mode": "pinned", "tier": "small", "max_tokens": 300, "timeout": 60}
+            async for event in client.chat_stream(PROMPT, **options):
                 events.append(event)
                 if isinstance(event, DeltaEvent) and len(events) == 3:
                     mesh.tiers["small"].signal(signal.SIGKILL)
