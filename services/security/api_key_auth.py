@@ -20,6 +20,7 @@ import grpc
 from services.common.errors import PermissionDenied, Unauthenticated
 from services.common.status_details import abort_with_details
 from services.security.api_keys import ApiKey, KeyRing, RateLimited
+from services.security.guarded_handlers import guard_handler
 
 _CURRENT: contextvars.ContextVar[ApiKey | None] = contextvars.ContextVar(
     "tiermesh_api_key", default=None
@@ -101,41 +102,13 @@ class ApiKeyAuth(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return None
 
     def _guard(self, handler: Any, method: str, scope: str) -> Any:
-        admit, ring = self._admit, self.ring
-        if handler.unary_unary is not None:
-            inner = handler.unary_unary
+        async def check(context: Any) -> ApiKey | None:
+            key = await self._admit(context, method, scope)
+            _CURRENT.set(key)
+            return key
 
-            async def unary_unary(request: Any, context: Any) -> Any:
-                key = await admit(context, method, scope)
-                _CURRENT.set(key)
-                return await inner(request, context)
+        def charge(key: ApiKey | None, message: Any) -> None:
+            if key is not None and (tokens := _final_tokens(message)):
+                self.ring.charge(key, tokens)
 
-            return grpc.unary_unary_rpc_method_handler(
-                unary_unary, handler.request_deserializer, handler.response_serializer
-            )
-        if handler.unary_stream is not None:
-            stream = handler.unary_stream
-
-            async def unary_stream(request: Any, context: Any) -> Any:
-                key = await admit(context, method, scope)
-                _CURRENT.set(key)
-                async for message in stream(request, context):
-                    if key is not None and (tokens := _final_tokens(message)):
-                        ring.charge(key, tokens)
-                    yield message
-
-            return grpc.unary_stream_rpc_method_handler(
-                unary_stream, handler.request_deserializer, handler.response_serializer
-            )
-        if handler.stream_stream is not None:  # server reflection: admin only
-            bidi = handler.stream_stream
-
-            async def stream_stream(requests: Any, context: Any) -> Any:
-                await admit(context, method, scope)
-                async for message in bidi(requests, context):
-                    yield message
-
-            return grpc.stream_stream_rpc_method_handler(
-                stream_stream, handler.request_deserializer, handler.response_serializer
-            )
-        return handler
+        return guard_handler(handler, check, charge)

@@ -10,7 +10,6 @@ Knows nothing of what the servers serve.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import threading
@@ -22,6 +21,7 @@ from typing import Any
 import grpc
 
 from services.common.errors import ConfigError
+from services.security.guarded_handlers import guard_handler
 
 log = logging.getLogger(__name__)
 
@@ -151,42 +151,9 @@ def _denial(context: Any, allowed: frozenset[str], method: str) -> str | None:
 
 def _guarded(handler: Any, allowed: frozenset[str], method: str) -> Any:
     """The same handler with the caller check run first."""
-    if handler.unary_unary is not None:
-        inner = handler.unary_unary
 
-        async def unary_unary(request: Any, context: Any) -> Any:
-            if denial := _denial(context, allowed, method):
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, denial)
-            return await inner(request, context)
+    async def check(context: Any) -> None:
+        if denial := _denial(context, allowed, method):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, denial)
 
-        return grpc.unary_unary_rpc_method_handler(
-            unary_unary, handler.request_deserializer, handler.response_serializer
-        )
-    if handler.unary_stream is not None:
-        stream = handler.unary_stream
-
-        async def unary_stream(request: Any, context: Any) -> Any:
-            if denial := _denial(context, allowed, method):
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, denial)
-            if inspect.isasyncgenfunction(stream):
-                async for item in stream(request, context):
-                    yield item
-            else:  # a handler that writes with context.write()
-                await stream(request, context)
-
-        return grpc.unary_stream_rpc_method_handler(
-            unary_stream, handler.request_deserializer, handler.response_serializer
-        )
-    if handler.stream_stream is not None:  # server reflection
-        bidi = handler.stream_stream
-
-        async def stream_stream(requests: Any, context: Any) -> Any:
-            if denial := _denial(context, allowed, method):
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, denial)
-            async for item in bidi(requests, context):
-                yield item
-
-        return grpc.stream_stream_rpc_method_handler(
-            stream_stream, handler.request_deserializer, handler.response_serializer
-        )
-    return handler  # client streaming: none of tiermesh's services has one
+    return guard_handler(handler, check)
