@@ -38,6 +38,12 @@ class UpstreamFailed(Exception):
         super().__init__(f"tier {tier}: {error.details()}")
         self.code: grpc.StatusCode = error.code()
         self.details = f"tier {tier}: {error.details()}"
+        # the tier's google.rpc details (its RetryInfo, BadRequest, ...), relayed as they are
+        self.trailing_metadata = tuple(
+            (key, value)
+            for key, value in (error.trailing_metadata() or ())
+            if key == "grpc-status-details-bin"
+        )
 
 
 @dataclass

@@ -220,7 +220,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                             yield event
             except UpstreamFailed as e:
                 code, message = e.code.name, e.details
-                await context.abort(e.code, e.details)
+                await context.abort(e.code, e.details, trailing_metadata=e.trailing_metadata)
         except (asyncio.CancelledError, GeneratorExit):
             code = "CANCELLED"
             raise

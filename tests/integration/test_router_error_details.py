@@ -56,3 +56,26 @@ async def test_a_tier_names_the_bad_field_too(mesh: Mesh) -> None:
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     details = parse_status_details(refused.value.trailing_metadata())
     assert [field for field, _ in details.field_violations] == ["max_tokens"]
+
+
+async def test_a_full_tier_s_retry_delay_reaches_the_client(tiny_model_dir: Path) -> None:
+    mesh = await start_mesh(
+        tiny_model_dir,
+        tiers=("small",),
+        tier_options={"max_running": 1, "max_queued": 0},
+        router_options={"draft_tier": "small", "refine_tier": "small"},
+    )
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            held = client.chat_stream("What is your return policy?", mode="pinned", tier="small")
+            await anext(held)  # the tier's one running slot is taken
+            with pytest.raises(ChatError) as refused:
+                await client.chat("Hi", mode="pinned", tier="small")
+            await held.aclose()
+    finally:
+        await mesh.stop()
+    error = refused.value
+    assert error.code == "RESOURCE_EXHAUSTED", error
+    assert error.message.startswith("tier small: ")
+    assert error.details.reason == "OVERLOADED"
+    assert error.retry_after_s is not None and error.retry_after_s > 0
