@@ -10,6 +10,7 @@ processes).
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -220,8 +221,11 @@ def _plan_control_plane(
     return child, bootstrap_env(topology.control_plane, f"router~{router_port}"), targets
 
 
-def wait_healthy(children: list[Child], console: Console) -> bool:
-    """Polls each child's gRPC health until SERVING; False if one exits or time runs out."""
+def wait_healthy(
+    children: list[Child], console: Console, credentials: grpc.ChannelCredentials | None = None
+) -> bool:
+    """Polls each child's gRPC health until SERVING; False if one exits or time runs out.
+    `credentials` make the health calls mTLS (a `--secure` run)."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     pending = {child.name: child for child in children}
     with console.status("starting tiers and router…") as status:
@@ -232,7 +236,7 @@ def wait_healthy(children: list[Child], console: Console) -> bool:
                     console.print(f"[red]{name} exited with code {code}[/red]; log tail:")
                     console.print(child.log_tail(), markup=False)
                     return False
-                if is_healthy(child):
+                if is_healthy(child, credentials):
                     del pending[name]
                     console.print(f"[green]✓[/green] {name} serving on {child.address}")
             status.update(f"waiting for {', '.join(pending)}…")
@@ -243,26 +247,23 @@ def wait_healthy(children: list[Child], console: Console) -> bool:
     return True
 
 
-# mTLS credentials of the launcher's own calls in a `--secure` run (None: plaintext)
-_CREDENTIALS: list[grpc.ChannelCredentials | None] = [None]
-
-
-def _channel(address: str) -> grpc.Channel:
-    credentials = _CREDENTIALS[0]
+def _channel(address: str, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
     if credentials is None:
         return grpc.insecure_channel(address)
     return grpc.secure_channel(address, credentials)
 
 
-def is_healthy(child: Child) -> bool:
+def is_healthy(child: Child, credentials: grpc.ChannelCredentials | None = None) -> bool:
     """The child's own health check: HTTP for the gateway, gRPC health for the rest."""
-    return is_http_healthy(child.health_url) if child.health_url else is_serving(child.address)
+    if child.health_url:
+        return is_http_healthy(child.health_url)
+    return is_serving(child.address, credentials)
 
 
-def is_serving(address: str) -> bool:
+def is_serving(address: str, credentials: grpc.ChannelCredentials | None = None) -> bool:
     """True when the service at `address` answers gRPC health with SERVING."""
     try:
-        with _channel(address) as channel:
+        with _channel(address, credentials) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             response = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=0.5)
             return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
@@ -279,12 +280,14 @@ def is_http_healthy(url: str) -> bool:
         return False
 
 
-def tier_memory(address: str) -> tuple[str, str]:
+def tier_memory(
+    address: str, credentials: grpc.ChannelCredentials | None = None
+) -> tuple[str, str]:
     """The tier's model and a memory line, from its GetStatus: weights + KV-cache pool."""
     from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
     try:
-        with _channel(address) as channel:
+        with _channel(address, credentials) as channel:
             status = tier_pb2_grpc.TierServiceStub(channel).GetStatus(
                 tier_pb2.GetStatusRequest(), timeout=2
             )
@@ -317,11 +320,9 @@ def run_mesh(
 ) -> int:
     console = console or Console()
     run_dir = Path(env.run_dir())
-    secure_run = None
-    if secure:
-        secure_run = prepare_secure_run(run_dir)
-        # the launcher's health checks and GetStatus calls present the router's identity
-        _CREDENTIALS[0] = channel_credentials(secure_run.files("router"))
+    secure_run = prepare_secure_run(run_dir) if secure else None
+    # the launcher's own health checks and GetStatus calls present the router's identity
+    credentials = channel_credentials(secure_run.files("router")) if secure_run else None
     # Every service appends its finished spans here; `tiermesh trace` reads them.
     os.environ.setdefault("TIERMESH_TRACE_FILE", str(run_dir / "traces.jsonl"))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -348,9 +349,9 @@ def run_mesh(
     try:
         for child in children:
             child.start()
-        if not wait_healthy(children, console):
+        if not wait_healthy(children, console, credentials):
             return 1
-        _print_addresses(children, run_dir, console, secure_run)
+        _print_addresses(children, run_dir, console, secure_run, credentials)
         if mesh:
             control_plane = next(c for c in children if c.name == "control-plane")
             console.print(
@@ -359,7 +360,8 @@ def run_mesh(
             )
         if demo_prompt and not stop_requested:
             _demo(children[-1].address, demo_prompt, console, secure_run)
-        supervisor = Supervisor(children, is_healthy, console, run_dir / "pids.json")
+        healthy = functools.partial(is_healthy, credentials=credentials)
+        supervisor = Supervisor(children, healthy, console, run_dir / "pids.json")
         console.print(f"pids: {run_dir / 'pids.json'}; a crashed service is restarted")
         console.print("[dim]serving; Ctrl-C stops every service[/dim]")
         while not stop_requested:
@@ -376,7 +378,11 @@ def run_mesh(
 
 
 def _print_addresses(
-    children: list[Child], run_dir: Path, console: Console, secure: SecureRun | None = None
+    children: list[Child],
+    run_dir: Path,
+    console: Console,
+    secure: SecureRun | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> None:
     table = Table(title="tiermesh is up")
     for column in ("service", "address", "pid", "model", "memory: weights + KV pool"):
@@ -384,7 +390,7 @@ def _print_addresses(
     for child in children:
         pid = str(child.process.pid) if child.process else "-"
         tier = child.name.partition("-")[0]  # "small-2" is a replica of small
-        model, memory = tier_memory(child.address) if tier in TIER_NAMES else ("", "")
+        model, memory = tier_memory(child.address, credentials) if tier in TIER_NAMES else ("", "")
         table.add_row(child.name, child.address, pid, model, memory)
     console.print(table)
     console.print(f"logs: {children[0].log_path.parent}/<service>.log")

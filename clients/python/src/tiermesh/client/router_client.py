@@ -46,6 +46,13 @@ def tls_credentials(
     )
 
 
+def _open_channel(module: Any, address: str, credentials: grpc.ChannelCredentials | None) -> Any:
+    """A channel from `module` (grpc or grpc.aio): plaintext, or TLS with `credentials`."""
+    if credentials is None:
+        return module.insecure_channel(address)
+    return module.secure_channel(address, credentials)
+
+
 def _key_metadata(api_key: str | None) -> list[tuple[str, str]]:
     key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
     return [("authorization", f"Bearer {key}")] if key else []
@@ -65,10 +72,7 @@ class AsyncRouterClient:
     ) -> None:
         self.address = address or router_address()
         self._auth = _key_metadata(api_key)
-        if credentials is None:
-            self._channel = grpc.aio.insecure_channel(self.address)
-        else:
-            self._channel = grpc.aio.secure_channel(self.address, credentials)
+        self._channel = _open_channel(grpc.aio, self.address, credentials)
         self._stub = router_pb2_grpc.RouterServiceStub(self._channel)
 
     async def chat_stream(
@@ -139,10 +143,7 @@ class RouterClient:
     ) -> None:
         self.address = address or router_address()
         self._auth = _key_metadata(api_key)
-        if credentials is None:
-            self._channel = grpc.insecure_channel(self.address)
-        else:
-            self._channel = grpc.secure_channel(self.address, credentials)
+        self._channel = _open_channel(grpc, self.address, credentials)
         self._stub = router_pb2_grpc.RouterServiceStub(self._channel)
 
     def chat_stream(
