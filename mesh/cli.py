@@ -66,7 +66,9 @@ async def _serve(topology: Path, host: str, port: int) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from services.common.grpc_service import configure_logging
+    from services.common.parent_watch import stop_with_parent
 
+    stop_with_parent()
     configure_logging("control-plane", env.log_level())
     try:
         topology = load_topology(args.topology)

@@ -20,6 +20,7 @@ from services.common import env
 from services.common.config import GatewayConfig, load_config
 from services.common.errors import TiermeshError
 from services.common.grpc_service import configure_logging
+from services.common.parent_watch import stop_with_parent
 from services.common.telemetry import setup_telemetry
 from services.gateway.app import create_app
 
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = {"host": args.host, "port": args.port, "router": args.router}
         config = load_config(GatewayConfig, args.config, **options)
+        stop_with_parent()
         configure_logging("gateway", env.log_level())
         asyncio.run(_serve(config))
     except (TiermeshError, OSError) as e:

@@ -30,6 +30,7 @@ from rich.table import Table
 from services.common import env
 from services.common.config import TierConfig, load_config
 from services.common.errors import ConfigError
+from services.common.parent_watch import child_environment
 from services.common.tiers import TIER_NAMES
 from services.launcher.secure_run import SecureRun, prepare_secure_run
 from services.launcher.supervisor import Supervisor, stop_in_order
@@ -52,7 +53,7 @@ class Child:
     def start(self, append: bool = False) -> None:
         """Starts the process; `append` keeps the log of an earlier run (a restart)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        child_env = {**os.environ, **self.env} if self.env else None
+        child_env = child_environment({**os.environ, **(self.env or {})})
         with self.log_path.open("ab" if append else "wb") as log:
             self.process = subprocess.Popen(
                 self.command,

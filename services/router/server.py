@@ -26,6 +26,7 @@ from services.common.grpc_service import (
     serve_until_signalled,
     start_server,
 )
+from services.common.parent_watch import stop_with_parent
 from services.common.telemetry import setup_telemetry
 from services.router.outlier import OutlierDetector
 from services.router.policy_factory import create_policy
@@ -171,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         security = ServiceSecurity.from_env()
         if args.insecure:
             security = replace(security, insecure=True)
+        stop_with_parent()
         configure_logging("router", env.log_level())
         asyncio.run(_serve(config, security))
     except TiermeshError as e:

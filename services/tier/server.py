@@ -23,6 +23,7 @@ from services.common.grpc_service import (
     serve_until_signalled,
     start_server,
 )
+from services.common.parent_watch import stop_with_parent
 from services.common.telemetry import setup_telemetry
 from services.security.settings import ServiceSecurity
 from services.tier.engine import Engine
@@ -125,6 +126,7 @@ def main(default_config: Path, argv: list[str] | None = None) -> int:
         security = ServiceSecurity.from_env()
         if args.insecure:
             security = replace(security, insecure=True)
+        stop_with_parent()
         configure_logging(f"tier-{config.name}", env.log_level())
         asyncio.run(_serve(config, security))
     except TiermeshError as e:

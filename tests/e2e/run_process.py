@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from services.common.parent_watch import child_environment
+
 TIERMESH = [sys.executable, "-m", "services.cli"]
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +25,7 @@ def tiermesh_run(
     process = subprocess.Popen(
         [*TIERMESH, "run", "--no-demo", *args],
         cwd=ROOT,
-        env={**os.environ, **env},
+        env=child_environment({**os.environ, **env}),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

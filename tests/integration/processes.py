@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common.parent_watch import child_environment
 from services.common.tiers import TIER_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,7 +80,7 @@ def spawn(name: str, module: str, args: list[str], address: str, log_dir: Path) 
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "TIERMESH_LOG_LEVEL": "INFO"},
+            env=child_environment({**os.environ, "TIERMESH_LOG_LEVEL": "INFO"}),
         )
     return Service(name, address, process, log_path)
 
