@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from services.common.errors import ConfigError
 from services.common.tiers import TIER_NAMES
 
-ENGINES = ("torch", "tensorrt_llm")
+ENGINES = ("torch", "tensorrt_llm", "echo")
 POLICIES = ("interim_heuristic", "keyword", "threshold", "cost_target", "adaptive")
 GATES = ("always", "race", "cascade")
 
@@ -27,7 +27,7 @@ class TierConfig:
 
     name: str  # "small", "medium" or "large"
     model_path: Path  # local Hugging Face folder; relative paths are relative to the config file
-    engine: str = "torch"  # "torch" or "tensorrt_llm"
+    engine: str = "torch"  # "torch", "tensorrt_llm" or "echo" (no model: load tests)
     device: str = "cpu"  # "cpu", "cuda", "cuda:N"
     dtype: str = "float32"  # weights in "float32", "bfloat16" or "float16"
     host: str = "127.0.0.1"
@@ -48,6 +48,10 @@ class TierConfig:
     max_num_tokens: int = 0
     drain_grace_s: float = 10.0  # on SIGTERM, how long in-flight streams may finish
     metrics_port: int = 0  # Prometheus scrape endpoint (on $TIERMESH_METRICS_HOST); 0 = off
+    # echo only (model_path is ignored): time to the first token after a running slot is
+    # free, and tokens per second after it per stream (0 = as fast as the loop goes)
+    echo_ttft_ms: float = 10.0
+    echo_tokens_per_s: float = 100.0
 
     def validate(self) -> None:
         _require(self.name in TIER_NAMES, "name", f"must be one of {', '.join(TIER_NAMES)}")
@@ -67,6 +71,8 @@ class TierConfig:
             "must be in (0, 1]",
         )
         _require(self.max_num_tokens >= 0, "max_num_tokens", "must be >= 0")
+        _require(self.echo_ttft_ms >= 0, "echo_ttft_ms", "must be >= 0")
+        _require(self.echo_tokens_per_s >= 0, "echo_tokens_per_s", "must be >= 0")
 
 
 @dataclass(frozen=True)

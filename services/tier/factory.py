@@ -17,4 +17,8 @@ def create_engine(config: TierConfig) -> Engine:
         from services.tier.tensorrt_llm_engine import TensorRtLlmEngine
 
         return TensorRtLlmEngine(config)
+    if config.engine == "echo":
+        from services.tier.echo_engine import EchoEngine
+
+        return EchoEngine(config)
     raise ConfigError(f"engine: {config.engine!r} is not available in this build")
