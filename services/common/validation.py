@@ -8,6 +8,11 @@ from services.common.errors import InvalidArgument
 
 MAX_REQUEST_ID_CHARS = 128
 ROLES = ("system", "user", "assistant")
+# Sizes and counts a request may have wherever it arrives (a tier can be called directly, so
+# it checks them too): they bound the work done before the tokenizer's own limits apply.
+MAX_MESSAGES = 256  # messages in one request
+MAX_MESSAGE_CHARS = 32_000  # one message's content, or a single prompt
+MAX_TIER_PROMPT_CHARS = 100_000  # all messages together, at a tier (the router has its own)
 
 
 def check_sampling(params: common_pb2.SamplingParams) -> None:
@@ -31,20 +36,31 @@ def check_max_tokens(value: int, limit: int) -> int:
 def conversation(
     messages: list[common_pb2.ChatMessage], prompt: str, max_chars: int
 ) -> list[tuple[str, str]]:
-    """The (role, content) turns of a request given as messages or as a single prompt."""
+    """The (role, content) turns of a request given as messages or as a single prompt.
+
+    Refused, naming the field: no messages and no prompt; a prompt that is only whitespace;
+    more than MAX_MESSAGES messages; a role not in ROLES; a message or prompt longer than
+    MAX_MESSAGE_CHARS; an empty last message (what the model answers); all of it together
+    longer than `max_chars`."""
     if not messages:
         if not prompt:
             raise InvalidArgument("messages: no messages and no prompt given")
         if not prompt.strip():
             raise InvalidArgument("prompt: must not be empty or only whitespace")
+        _check_size("prompt", prompt)
         turns = [("user", prompt)]
     else:
+        if len(messages) > MAX_MESSAGES:
+            raise InvalidArgument(
+                f"messages: {len(messages)} messages exceeds the limit of {MAX_MESSAGES}"
+            )
         turns = []
         for i, message in enumerate(messages):
             if message.role not in ROLES:
                 raise InvalidArgument(
                     f"messages[{i}].role: {message.role!r} is not one of {', '.join(ROLES)}"
                 )
+            _check_size(f"messages[{i}].content", message.content)
             turns.append((message.role, message.content))
         if not turns[-1][1].strip():
             raise InvalidArgument(f"messages[{len(turns) - 1}].content: must not be empty")
@@ -52,3 +68,10 @@ def conversation(
     if chars > max_chars:
         raise InvalidArgument(f"prompt: {chars} characters exceeds the limit of {max_chars}")
     return turns
+
+
+def _check_size(field: str, text: str) -> None:
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise InvalidArgument(
+            f"{field}: {len(text)} characters exceeds the limit of {MAX_MESSAGE_CHARS}"
+        )

@@ -15,8 +15,15 @@ import grpc
 from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
 
 from services.common.errors import InvalidArgument, TiermeshError
+from services.common.genai_conventions import model_id
 from services.common.status_details import abort_error
-from services.common.validation import check_max_tokens, check_request_id, check_sampling
+from services.common.validation import (
+    MAX_TIER_PROMPT_CHARS,
+    check_max_tokens,
+    check_request_id,
+    check_sampling,
+    conversation,
+)
 from services.tier.engine import Engine, GenerationRequest, GenerationUsage, Sampling
 from services.tier.tier_telemetry import TierTelemetry
 
@@ -55,11 +62,9 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
         if not request.request_id:
             raise InvalidArgument("request_id: required")
         check_request_id(request.request_id)
+        # Roles, counts and sizes as the router checks them: a tier can be called directly.
+        conversation(list(request.messages), request.prompt, MAX_TIER_PROMPT_CHARS)
         messages = tuple((m.role, m.content) for m in request.messages)
-        if not messages and not request.prompt:
-            raise InvalidArgument("prompt: empty, and no messages given")
-        if messages and not any(content.strip() for _, content in messages):
-            raise InvalidArgument("messages: every message is empty")
         check_max_tokens(request.max_tokens, self._max_tokens)
         if request.tokens_per_chunk > 64:
             raise InvalidArgument(
@@ -98,6 +103,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
                         logprobs=chunk.logprobs,
                         finish_reason=chunk.finish_reason or "",
                         usage=usage_to_proto(chunk.usage) if chunk.usage else None,
+                        model=self._telemetry.model_id() if chunk.finish_reason else "",
                     )
         except TiermeshError as e:
             status, message = e.status, str(e)
@@ -140,6 +146,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
             max_prompt_tokens=load.max_prompt_tokens,
             params=load.params,
             decode_busy_share=load.decode_busy_share,
+            model_id=model_id(self._tier, load.model),
         )
 
     async def GetStatus(
