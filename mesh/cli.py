@@ -30,6 +30,7 @@ from mesh.bootstrap import (
     envoy_bootstrap,
     grpc_bootstrap,
 )
+from mesh.last_good import load_or_last_good
 from mesh.topology import Topology
 from mesh.topology_file import load_topology
 from services.common import env
@@ -71,7 +72,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stop_with_parent()
     configure_logging("control-plane", env.log_level())
     try:
-        topology = load_topology(args.topology)
+        # the listen address of the file, or of its last good copy if the file is invalid
+        topology = load_or_last_good(args.topology).topology
         host, _, port = topology.control_plane.rpartition(":")
         asyncio.run(
             _serve(

@@ -1,7 +1,9 @@
 """The control plane's process: reads the topology file, turns it into one snapshot per node group
 (proxyless gRPC clients, Envoy), publishes them, and reloads when the file changes. A file that
 is invalid, or that yields an inconsistent snapshot, is refused with its error recorded; the last
-good snapshot keeps serving.
+good snapshot keeps serving. Each published topology is also saved beside the file
+(`mesh.last_good`), so a restarted control plane whose file has since become invalid serves that
+one, and says so in its log and status.
 
 Serves ADS, the mesh admin service and gRPC health on one port. Knows nothing of the wire details
 of ADS (see `mesh.ads`) or of how resources are shaped (see `mesh.resources`).
@@ -24,6 +26,7 @@ from tiermesh.v1 import mesh_pb2, mesh_pb2_grpc
 
 from mesh.admin import MeshAdminServicer
 from mesh.ads import AggregatedDiscoveryServicer
+from mesh.last_good import load_or_last_good, save_last_good
 from mesh.node_status import NodeStatusBook
 from mesh.resources import ENVOY, FLAVOURS, PROXYLESS, build_resources
 from mesh.snapshot import InconsistentSnapshot, Snapshot, SnapshotCache
@@ -137,8 +140,22 @@ class ControlPlane:
             log.error("topology refused, still serving version %s: %s", self.version or "-", e)
             return False
         self.last_error = ""
+        if self.source is not None:
+            save_last_good(self.source, path)
         log.info("topology %s published as version %s", path, version)
         return True
+
+    def load_at_start(self, path: Path) -> None:
+        """Publishes `path`, or, if it is invalid, its last good version (recording why); raises
+        ConfigError when neither can be served."""
+        self.topology_path = str(path)
+        loaded = load_or_last_good(path)
+        self.publish(loaded.topology)
+        if loaded.fallback_reason:
+            self.last_error, self.last_error_at = loaded.fallback_reason, time.time()
+            log.error("topology refused at start: %s", loaded.fallback_reason)
+        elif self.source is not None:
+            save_last_good(self.source, path)
 
 
 def _stat(path: Path) -> tuple[int, int] | None:
@@ -198,12 +215,12 @@ async def start_control_plane(
     poll_interval_s: float = POLL_INTERVAL_S,
 ) -> RunningControlPlane:
     """Serves ADS + admin + health on host:port (0 = any free port). With `topology_path` the
-    file is loaded (a bad first file raises ConfigError) and watched; with `topology` that
-    topology is published as is. Health is SERVING once a snapshot is published."""
+    file is loaded (a bad first file is replaced by its last good version, else raises
+    ConfigError) and watched; with `topology` that topology is published as is. Health is
+    SERVING once a snapshot is published."""
     plane = ControlPlane()
     if topology_path is not None:
-        plane.topology_path = str(topology_path)
-        plane.publish(load_topology(topology_path))
+        plane.load_at_start(topology_path)
     elif topology is not None:
         plane.publish(topology)
 

@@ -34,6 +34,7 @@ from services.router.servicer import RouterServicer
 from services.router.tier_calls import TierChannels
 from services.router.tier_health import TierHealth
 from services.router.tier_loads import TierLoadWatcher
+from services.router.xds_readiness import XdsReadiness
 from services.security.settings import ServiceSecurity
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class RouterServer:
     channels: TierChannels
     running: RunningServer
     watcher: TierLoadWatcher
+    readiness: asyncio.Task[None] | None = None  # mesh mode: SERVING once xDS resources are in
 
     @property
     def port(self) -> int:
@@ -60,11 +62,15 @@ class RouterServer:
         return f"{self.config.host}:{self.running.port}"
 
     async def close_upstream(self) -> None:
+        if self.readiness is not None:
+            self.readiness.cancel()
         await self.watcher.stop()
         await self.channels.close()
 
     async def stop(self, grace_s: float | None = None) -> None:
         await self.running.drain(self.config.drain_grace_s if grace_s is None else grace_s)
+        if self.readiness is not None:
+            self.readiness.cancel()
         await self.watcher.stop()
         await self.channels.close()
 
@@ -125,8 +131,14 @@ async def start_router(
     )
     watcher.start()
     await watcher.first_reports(FIRST_REPORTS_S)
-    await running.set_serving(True)
-    return RouterServer(config, servicer, channels, running, watcher)
+    router = RouterServer(config, servicer, channels, running, watcher)
+    endpoints = [e for es in channels.replicas.values() for e in es]
+    readiness = XdsReadiness({e: channels.channel(e) for e in endpoints})
+    if readiness.needed:  # mesh mode: NOT_SERVING until the xDS client has every tier's config
+        router.readiness = asyncio.create_task(readiness.serve_when_ready(running.set_serving))
+    else:
+        await running.set_serving(True)
+    return router
 
 
 def parse_tier_targets(values: list[str]) -> dict[str, str] | None:
