@@ -39,7 +39,12 @@ def _replica_counts(value: str) -> dict[str, int]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from services.launcher.echo_tiers import EchoSettings
     from services.launcher.local_mesh import run_mesh
+
+    echo = None
+    if args.engine == "echo":
+        echo = EchoSettings(ttft_ms=args.echo_ttft_ms, tokens_per_s=args.echo_tokens_per_s)
 
     return run_mesh(
         base_port=args.base_port,
@@ -50,6 +55,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         secure=args.secure,
         http_port=args.http_port,
         replicas=_replica_counts(args.replicas) if args.replicas else None,
+        echo=echo,
     )
 
 
@@ -120,6 +126,17 @@ def register_run(commands: Any) -> None:
         "--replicas",
         metavar="TIER=N[,TIER=N]",
         help="run N processes of a tier (e.g. small=2); the router balances over them by load",
+    )
+    run.add_argument(
+        "--engine",
+        choices=("model", "echo"),
+        default="model",
+        help="echo: tiers with no model that stream a deterministic answer at a set TTFT and "
+        "token rate (load tests of the mesh); model: each tier's configured engine",
+    )
+    run.add_argument("--echo-ttft-ms", type=float, default=10.0, help="echo tiers' TTFT")
+    run.add_argument(
+        "--echo-tokens-per-s", type=float, default=100.0, help="echo tiers' tokens/s per stream"
     )
     run.set_defaults(func=cmd_run)
 

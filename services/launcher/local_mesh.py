@@ -32,6 +32,7 @@ from services.common.config import TierConfig, load_config
 from services.common.errors import ConfigError
 from services.common.parent_watch import child_environment
 from services.common.tiers import TIER_NAMES
+from services.launcher.echo_tiers import EchoSettings, echo_tier_command
 from services.launcher.secure_run import SecureRun, prepare_secure_run
 from services.launcher.supervisor import Supervisor, stop_in_order
 from services.security.tls import channel_credentials
@@ -117,12 +118,15 @@ def plan_children(
     http_port: int | None = None,
     replicas: dict[str, int] | None = None,
     secure: SecureRun | None = None,
+    echo: EchoSettings | None = None,
 ) -> list[Child]:
     """The processes to start (the gateway, then the router last); raises ConfigError if a
     model folder is missing. `replicas` runs that many processes of a tier ("small", "small-2",
     ...; those past the first on free ports, metrics off), all given to the router. `secure`
-    gives every child its TLS and key environment."""
-    children = _plan_children(base_port, models, device, run_dir, mesh, http_port, replicas)
+    gives every child its TLS and key environment. `echo` runs echo tiers (no model)."""
+    children = _plan_children(
+        base_port, models, device, run_dir, mesh, http_port, replicas, echo=echo
+    )
     if secure is not None:
         for child in children:
             child.env = {**(child.env or {}), **secure.env_for(child.name)}
@@ -137,6 +141,7 @@ def _plan_children(
     mesh: bool,
     http_port: int | None,
     replicas: dict[str, int] | None,
+    echo: EchoSettings | None = None,
 ) -> list[Child]:
     if mesh and any(n > 1 for n in (replicas or {}).values()):
         raise ConfigError("--replicas: not supported with --mesh yet")
@@ -147,13 +152,16 @@ def _plan_children(
         port = None if base_port is None else base_port + 10 + index
         config = load_config(TierConfig, tier_config_path(tier), port=port, device=device)
         model = models.get(tier, config.model_path)
-        if not (model / "config.json").is_file():
+        if echo is not None:
+            tier_command = echo_tier_command(tier, tier_config_path(tier), run_dir, echo)
+        elif not (model / "config.json").is_file():
             raise ConfigError(
                 f"tier {tier}: no model at {model} (train the built-in family with "
                 f"`make models`, or pass --model {tier}=PATH)"
             )
-        tier_command = [sys.executable, "-m", f"services.tier_{tier}", "--model", str(model)]
-        tier_command += ["--device", device] if device is not None else []
+        else:
+            tier_command = [sys.executable, "-m", f"services.tier_{tier}", "--model", str(model)]
+            tier_command += ["--device", device] if device is not None else []
         command = list(tier_command)
         if port is not None and base_port is not None:
             command += ["--port", str(port), "--metrics-port", str(base_port + 20 + index)]
@@ -318,6 +326,7 @@ def run_mesh(
     http_port: int | None = None,
     replicas: dict[str, int] | None = None,
     secure: bool = False,
+    echo: EchoSettings | None = None,
 ) -> int:
     console = console or Console()
     run_dir = Path(env.run_dir())
@@ -337,6 +346,7 @@ def run_mesh(
             http_port=http_port,
             replicas=replicas,
             secure=secure_run,
+            echo=echo,
         )
     except ConfigError as e:
         console.print(f"[red]tiermesh run:[/red] {e}")

@@ -1,0 +1,45 @@
+"""`tiermesh run --engine echo`: the whole mesh with echo tiers (no model) in child processes,
+then `tiermesh chat --json` through the router: answers of max_tokens echo words, the same
+each time, from the tier asked for."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from services.launcher.local_mesh import free_base_port
+from services.tier.echo_engine import ECHO_WORDS
+from tests.e2e.run_process import ROOT, TIERMESH, tiermesh_run
+
+
+def _chat(router: str, *args: str) -> dict[str, object]:
+    chat = subprocess.run(
+        [*TIERMESH, "chat", "--router", router, "--json", *args, "Where is my order?"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert chat.returncode == 0, chat.stderr
+    events = [json.loads(line) for line in chat.stdout.splitlines()]
+    final: dict[str, object] = next(e for e in events if e["type"] == "final")
+    return final
+
+
+def test_run_with_echo_tiers_answers_through_the_router(tmp_path: Path) -> None:
+    base = free_base_port()
+    args = ["--base-port", str(base), "--engine", "echo", "--echo-ttft-ms", "2"]
+    args += ["--echo-tokens-per-s", "0"]
+    with tiermesh_run(args, {"TIERMESH_RUN_DIR": str(tmp_path / "run")}) as (_, output):
+        assert "tiermesh is up" in "".join(output)
+        router = f"127.0.0.1:{base}"
+        pinned = [_chat(router, "--mode", "pinned", "--tier", "small", "--max-tokens", "6")]
+        pinned.append(_chat(router, "--mode", "pinned", "--tier", "small", "--max-tokens", "6"))
+        progressive = _chat(router, "--mode", "progressive", "--max-tokens", "9")
+    words = str(pinned[0]["text"]).split()
+    assert len(words) == 6 and set(words) <= set(ECHO_WORDS)
+    assert pinned[0]["text"] == pinned[1]["text"]
+    assert pinned[0]["tier"] == "small"
+    assert len(str(progressive["text"]).split()) == 9
+    assert (tmp_path / "run" / "logs" / "small-echo.toml").is_file()
