@@ -15,11 +15,26 @@ MAX_MESSAGE_CHARS = 32_000  # one message's content, or a single prompt
 MAX_TIER_PROMPT_CHARS = 100_000  # all messages together, at a tier (the router has its own)
 
 
+# Sampling ranges, the same at the router and at the tiers. A temperature below the minimum
+# divides logits into overflow (1e-40 turns them to inf), so it is refused, not clamped.
+MIN_TEMPERATURE = 0.05  # the smallest sampled temperature; 0 itself means greedy
+MAX_TEMPERATURE = 2.0
+MAX_TOP_K = 100_000  # past any vocabulary; bounds the top-k work
+
+
 def check_sampling(params: common_pb2.SamplingParams) -> None:
-    if not 0.0 <= params.temperature <= 2.0:
-        raise InvalidArgument(f"sampling.temperature: must be in [0, 2], got {params.temperature}")
-    if not 0.0 <= params.top_p <= 1.0:
-        raise InvalidArgument(f"sampling.top_p: must be in [0, 1], got {params.top_p}")
+    """temperature: 0 (greedy) or in [MIN_TEMPERATURE, MAX_TEMPERATURE]; top_p: 0 (unset, = 1)
+    or in (0, 1]; top_k: 0 (off) up to MAX_TOP_K. NaN and infinities are out of every range."""
+    temperature, top_p = params.temperature, params.top_p
+    if temperature != 0.0 and not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
+        raise InvalidArgument(
+            f"sampling.temperature: must be 0 (greedy) or in [{MIN_TEMPERATURE}, "
+            f"{MAX_TEMPERATURE}], got {temperature}"
+        )
+    if not 0.0 <= top_p <= 1.0:
+        raise InvalidArgument(f"sampling.top_p: must be in (0, 1] (0 = unset), got {top_p}")
+    if params.top_k > MAX_TOP_K:
+        raise InvalidArgument(f"sampling.top_k: must be in [0, {MAX_TOP_K}], got {params.top_k}")
 
 
 def check_request_id(request_id: str) -> None:

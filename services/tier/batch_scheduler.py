@@ -1,10 +1,13 @@
 """Continuous (in-flight) batching for the torch engine: one thread decodes every running
 request together, one token per request per step, over a KV-cache pool allocated at start.
 
-A new request joins between steps (its prompt prefilled alone into a free slot); a finished or
-stopped one leaves at once and frees its slot. Knows torch and an architecture's pooled passes
-(pooled_models.py: GPT-2, the Llama family); nothing of asyncio or gRPC: results leave through
-each request's ChunkSink.
+A new request arrives with its pool slot already reserved (the engine reserves it when the
+request is admitted, so the loop never meets a full pool) and joins between steps, its prompt
+prefilled into that slot; a finished or stopped one leaves at once and frees its slot. One
+request's own failure (non-finite logits, sampling, detokenising) fails that request alone: the
+rest of the batch goes on. Knows torch and an architecture's pooled passes (pooled_models.py:
+GPT-2, the Llama family); nothing of asyncio or gRPC: results leave through each request's
+ChunkSink.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 
+from services.common.errors import TiermeshError
 from services.tier.chunking import ChunkAssembler, ChunkSink
 from services.tier.decode import choose_token
 from services.tier.kv_pool import KvCachePool
@@ -50,25 +55,42 @@ class BusyWindow:
         return max(0.0, min(1.0, busy / self.window_s))
 
 
+class RequestFailed(TiermeshError):
+    """One request's own step failed (non-finite logits, sampling, detokenising): that request
+    ends with this error, the others of its batch go on."""
+
+    status = "INTERNAL"
+
+
+def _no_release() -> None:
+    pass
+
+
 @dataclass
 class Sequence:
-    """One request inside the scheduler."""
+    """One request inside the scheduler, holding the pool slot reserved for it at admission."""
 
     prepared: PreparedRequest
     stop: threading.Event
     sink: ChunkSink  # its chunks, then close() or fail()
     chunks: ChunkAssembler
-    slot: int = -1
+    slot: int  # reserved in the pool before submit(); freed by the scheduler when it ends
+    on_release: Callable[[], None] = _no_release  # called (on the scheduler's thread) once freed
     next_token: int = -1
     generated: int = 0
     generator: torch.Generator | None = field(default=None, repr=False)
 
 
+# Test hook: when set, rows whose request it answers True for get NaN logits before their next
+# token is chosen, the way a row whose activations overflow would. None in service.
+PoisonHook = Callable[[PreparedRequest], bool]
+
+
 class BatchScheduler:
     """Thread-safe entry points: submit() and shutdown(). Everything else runs on its thread.
 
-    The caller must never have more sequences submitted and unfinished than the pool has slots
-    (the engine's admission guarantees it); the inbox is therefore bounded by the pool.
+    Every submitted sequence holds a slot the caller reserved (pool.acquire()); the inbox is
+    therefore bounded by the pool, and the scheduler frees the slot when the sequence ends.
     """
 
     def __init__(
@@ -92,6 +114,7 @@ class BatchScheduler:
         self.steps = 0
         self.batched_tokens = 0
         self.busy = BusyWindow()  # prefill and decode time: the loop's utilisation
+        self.poison_hook: PoisonHook | None = None
 
     def warm_up(self) -> None:
         """One prefill and one decode step of a one-token prompt in a free slot, then freed: the
@@ -143,43 +166,58 @@ class BatchScheduler:
                 self.busy.add(started, time.monotonic())
             except Exception as e:  # a failed forward fails the running requests, not the tier
                 log.exception("batch step failed")
-                for slot, sequence in list(self._active.items()):
-                    sequence.sink.fail(e)
-                    self._finish(slot)
-        for slot, sequence in list(self._active.items()):
+                for sequence in list(self._active.values()):
+                    self._fail(sequence, RequestFailed(f"batch step failed: {e!r}"))
+        for sequence in list(self._active.values()):
             sequence.sink.close()
-            self._finish(slot)
+            self._finish(sequence)
+        while True:  # submitted but never started: end them and free their slots
+            try:
+                sequence = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            sequence.sink.close()
+            self._release(sequence)
 
     def _drop_stopped(self) -> None:
-        for slot, sequence in list(self._active.items()):
+        for sequence in list(self._active.values()):
             if sequence.stop.is_set():
                 sequence.sink.close()
-                self._finish(slot)
+                self._finish(sequence)
 
-    def _finish(self, slot: int) -> None:
-        del self._active[slot]
-        self._pool.release(slot)
+    def _finish(self, sequence: Sequence) -> None:
+        if self._active.get(sequence.slot) is sequence:
+            del self._active[sequence.slot]
+            self._release(sequence)
+
+    def _release(self, sequence: Sequence) -> None:
+        self._pool.release(sequence.slot)
+        sequence.on_release()
+
+    def _fail(self, sequence: Sequence, error: BaseException) -> None:
+        sequence.sink.fail(error)
+        self._finish(sequence)
 
     def _admit(self, sequence: Sequence) -> None:
         if sequence.stop.is_set():
             sequence.sink.close()
+            self._release(sequence)
             return
         sampling = sequence.prepared.sampling
         if not sampling.greedy and sampling.seed is not None:
             device = self._loaded.device
             sequence.generator = torch.Generator(device=device).manual_seed(sampling.seed)
-        sequence.slot = self._pool.acquire()
         self._active[sequence.slot] = sequence
         try:
             logits = self._passes.prefill(
                 self._loaded.model, self._pool, sequence.slot, list(sequence.prepared.prompt_ids)
             )
         except Exception as e:
-            sequence.sink.fail(e)
-            self._finish(sequence.slot)
+            log.exception("prefill of %s failed", sequence.prepared.request_id)
+            self._fail(sequence, RequestFailed(f"prefill failed: {e!r}"))
             return
         self._pool.note_use()
-        self._accept(sequence, logits)
+        self._choose([sequence], logits[None, :])
 
     def _step(self) -> None:
         slots = list(self._active)
@@ -188,22 +226,44 @@ class BatchScheduler:
         self._pool.note_use()
         self.steps += 1
         self.batched_tokens += len(slots)
-        sequences = [self._active[s] for s in slots]
-        if all(s.prepared.sampling.greedy for s in sequences):  # one pass for the whole batch
-            logprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, V)
-            best = logprobs.argmax(dim=-1)  # (B,)
-            chosen = logprobs.gather(1, best[:, None])[:, 0]  # (B,)
-            for sequence, token, logprob in zip(
-                sequences, best.tolist(), chosen.tolist(), strict=True
-            ):
-                self._record(sequence, token, logprob)
-            return
-        for row, sequence in enumerate(sequences):
-            self._accept(sequence, logits[row])
+        self._choose([self._active[s] for s in slots], logits)
 
-    def _accept(self, sequence: Sequence, logits: torch.Tensor) -> None:
-        token, logprob = choose_token(logits, sequence.prepared.sampling, sequence.generator)
-        self._record(sequence, token, logprob)
+    @torch.inference_mode()
+    def _choose(self, sequences: list[Sequence], logits: torch.Tensor) -> None:
+        """Chooses each row's next token from logits (B, V) and records it. A row whose logits
+        are not finite, or whose sampling or detokenising raises, fails its own request."""
+        if self.poison_hook is not None:
+            poisoned = [row for row, s in enumerate(sequences) if self.poison_hook(s.prepared)]
+            if poisoned:
+                logits = logits.clone()
+                logits[poisoned] = float("nan")
+        finite = torch.isfinite(logits).all(dim=-1).tolist()  # (B,)
+        best: list[int] = []
+        chosen: list[float] = []
+        if any(s.prepared.sampling.greedy for s in sequences):  # one pass for the greedy rows
+            logprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, V)
+            top = logprobs.argmax(dim=-1)  # (B,)
+            best = top.tolist()
+            chosen = logprobs.gather(1, top[:, None])[:, 0].tolist()  # (B,)
+        for row, sequence in enumerate(sequences):
+            if not finite[row]:
+                error = RequestFailed(
+                    f"non-finite logits at generated token {sequence.generated + 1}"
+                )
+                log.warning("request %s failed: %s", sequence.prepared.request_id, error)
+                self._fail(sequence, error)
+                continue
+            try:
+                if sequence.prepared.sampling.greedy:
+                    token, logprob = best[row], chosen[row]
+                else:
+                    token, logprob = choose_token(
+                        logits[row], sequence.prepared.sampling, sequence.generator
+                    )
+                self._record(sequence, token, logprob)
+            except Exception as e:
+                log.exception("request %s failed", sequence.prepared.request_id)
+                self._fail(sequence, RequestFailed(f"choosing or decoding its token: {e!r}"))
 
     def _record(self, sequence: Sequence, token: int, logprob: float) -> None:
         sequence.generated += 1
@@ -213,6 +273,6 @@ class BatchScheduler:
             sequence.sink.put(chunk)
         if finish is not None:
             sequence.sink.close()
-            self._finish(sequence.slot)
+            self._finish(sequence)
         else:
             sequence.next_token = token

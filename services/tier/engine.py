@@ -17,7 +17,7 @@ from typing import Protocol
 class Sampling:
     """How the next token is chosen. The defaults mean greedy decoding."""
 
-    temperature: float = 0.0  # 0 = argmax; otherwise softmax(logits / temperature), range (0, 2]
+    temperature: float = 0.0  # 0 = argmax; else softmax(logits / temperature), in [0.05, 2]
     top_p: float = 1.0  # nucleus mass kept, range (0, 1]; 1 = off
     top_k: int = 0  # keep the k most likely tokens; 0 = off
     seed: int | None = None  # seeds the sampler for reproducible output; None = unseeded

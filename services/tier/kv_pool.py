@@ -3,19 +3,23 @@ values up to a maximum length, so memory never grows with load. Also the bookkee
 pooled architecture shares: storing a prompt's keys, and one decode step's batch view (write
 each row's new position, read each row's window, the mask for rows shorter than the window).
 
-Knows tensor shapes only: nothing of models' weights, requests or gRPC. Not thread-safe: owned
-by the batch scheduler's thread (reads of the counters from other threads are benign).
+Knows tensor shapes only: nothing of models' weights, requests or gRPC. acquire() and release()
+are thread-safe (a slot is reserved when a request is admitted, on the event loop, and freed by
+the batch scheduler's thread); everything else is owned by the scheduler's thread (reads of the
+counters from other threads are benign).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
 
 
 class PoolFull(Exception):
-    """No free slot; the caller waits or sheds the request."""
+    """No free slot; the caller waits or sheds the request (admission reserves a slot before a
+    request reaches the batch loop, so the loop itself never meets a full pool)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class KvCachePool:
         self.max_len = max_len
         self.lengths = [0] * slots  # positions filled per slot
         self._free = list(range(slots - 1, -1, -1))
+        self._free_lock = threading.Lock()
         self.peak_tokens = 0
 
     @property
@@ -73,15 +78,20 @@ class KvCachePool:
         return int(self.keys.nbytes + self.values.nbytes)
 
     def acquire(self) -> int:
-        if not self._free:
-            raise PoolFull(f"all {self.slots} KV-cache slots in use")
-        slot = self._free.pop()
-        self.lengths[slot] = 0
-        return slot
+        """Reserves a free slot (emptied) for one sequence; raises PoolFull when none is free."""
+        with self._free_lock:
+            if not self._free:
+                raise PoolFull(f"all {self.slots} KV-cache slots in use")
+            slot = self._free.pop()
+            self.lengths[slot] = 0
+            return slot
 
     def release(self, slot: int) -> None:
-        self.lengths[slot] = 0
-        self._free.append(slot)
+        with self._free_lock:
+            if slot in self._free:
+                raise ValueError(f"KV-cache slot {slot} released twice")
+            self.lengths[slot] = 0
+            self._free.append(slot)
 
     def note_use(self) -> None:
         self.peak_tokens = max(self.peak_tokens, self.used_tokens)

@@ -11,28 +11,33 @@ nothing of gRPC.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import torch
 
 from services.common.config import TierConfig
+from services.common.errors import Overloaded
 from services.tier.batch_scheduler import BatchScheduler, Sequence
 from services.tier.chunk_channel import ChunkChannel
 from services.tier.chunking import ChunkAssembler, ChunkSink
 from services.tier.decode import decode_tokens
 from services.tier.engine import GenerationChunk
 from services.tier.engine_lifecycle import EngineLifecycle, ModelFootprint
-from services.tier.kv_pool import KvCachePool
+from services.tier.kv_pool import KvCachePool, PoolFull
 from services.tier.model_loading import LoadedModel, load_causal_lm
 from services.tier.pooled_models import pooled_passes
 from services.tier.prepared_request import PreparedRequest, PromptFormat
 
 log = logging.getLogger(__name__)
+# How long a stream that ended waits for the scheduler to free its pool slot (one step, normally)
+# before its admission slot is handed on; a slot still held then makes the next request wait.
+SLOT_RELEASE_WAIT_S = 5.0
 
 
 class TorchEngine(EngineLifecycle):
@@ -106,19 +111,33 @@ class TorchEngine(EngineLifecycle):
         return PromptFormat(loaded.tokenizer, loaded.eos_token_ids, loaded.context_length)
 
     async def _decode(self, prepared: PreparedRequest) -> AsyncGenerator[GenerationChunk, None]:
-        """Hands the request to the batch scheduler (or a worker thread) and relays its chunks;
-        on early close, stops its decoding within one step, which frees its slot."""
+        """Reserves the request's pool slot, hands the request to the batch scheduler (or a
+        worker thread) and relays its chunks; on early close, stops its decoding within one
+        step. Returns only once the scheduler has freed the slot, so the admission slot this
+        runs under is handed on with its pool slot free: admission cannot overbook the pool."""
         assert self._loaded is not None
         loop = asyncio.get_running_loop()
         # at most one chunk per generated token, then the end
         channel: ChunkChannel[GenerationChunk] = ChunkChannel(loop, prepared.max_tokens)
         stop = threading.Event()
-        self._stops[prepared.request_id] = stop
         assembler = ChunkAssembler(self._loaded.tokenizer, prepared.tokens_per_chunk)
+        released: asyncio.Future[None] | None = None
         if self._scheduler is not None:
-            self._scheduler.submit(Sequence(prepared, stop, channel, assembler))
+            assert self._pool is not None
+            try:
+                slot = self._pool.acquire()
+            except PoolFull as e:  # admission keeps this from happening; refuse, never queue
+                raise Overloaded(f"tier {self._config.name}: {e}") from e
+            released = loop.create_future()
+            on_release = _resolver(loop, released)
+
+            self._stops[prepared.request_id] = stop
+            self._scheduler.submit(
+                Sequence(prepared, stop, channel, assembler, slot, on_release=on_release)
+            )
         else:
             assert self._executor is not None
+            self._stops[prepared.request_id] = stop
             loop.run_in_executor(
                 self._executor, self._decode_alone, prepared, stop, channel, assembler
             )
@@ -130,8 +149,12 @@ class TorchEngine(EngineLifecycle):
                 yield chunk
         finally:
             stop.set()
-            self._stops.pop(prepared.request_id, None)
+            if self._stops.get(prepared.request_id) is stop:
+                del self._stops[prepared.request_id]
             self._kv_used.pop(prepared.request_id, None)
+            if released is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(released), SLOT_RELEASE_WAIT_S)
 
     def _decode_alone(
         self,
@@ -200,6 +223,19 @@ class TorchEngine(EngineLifecycle):
             await asyncio.to_thread(self._executor.shutdown, wait=True)
         if self._torch_thread is not None:
             await asyncio.to_thread(self._torch_thread.shutdown, wait=True)
+
+
+def _resolver(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> Callable[[], None]:
+    """A callable any thread may call to resolve `future` on `loop` (once)."""
+
+    def resolve() -> None:
+        if not future.done():
+            future.set_result(None)
+
+    def from_any_thread() -> None:
+        loop.call_soon_threadsafe(resolve)
+
+    return from_any_thread
 
 
 def pool_positions(config: TierConfig, context_length: int) -> int:
