@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, help="override the config's port")
     parser.add_argument("--host", help="override the config's host")
     parser.add_argument("--metrics-port", type=int, help="override the config's metrics_port")
+    parser.add_argument("--max-inflight", type=int, help="override the config's max_inflight")
     parser.add_argument(
         "--tier", action="append", default=[], help="NAME=TARGET, overrides one tier's address"
     )
@@ -176,7 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         overrides = parse_tier_targets(args.tier)
-        options = {"port": args.port, "host": args.host, "metrics_port": args.metrics_port}
+        options = {
+            "port": args.port,
+            "host": args.host,
+            "metrics_port": args.metrics_port,
+            "max_inflight": args.max_inflight,
+        }
         config = load_config(RouterConfig, args.config, **options)
         if overrides:
             tiers = {**config.tiers, **overrides}
