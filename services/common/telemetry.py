@@ -32,13 +32,20 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
-from tiermesh.client.tracing import INSTRUMENTATION, end_span, inject_metadata
+from tiermesh.client.tracing import INSTRUMENTATION, end_span, inject_metadata, rpc_attributes
 
 from services.common.env import metrics_host
 from services.common.errors import ConfigError
 from services.common.metric_views import histogram_views
 
-__all__ = ["end_span", "inject_metadata", "meter", "setup_telemetry", "tracer"]
+__all__ = [
+    "end_span",
+    "inject_metadata",
+    "meter",
+    "rpc_attributes",
+    "setup_telemetry",
+    "tracer",
+]
 
 log = logging.getLogger(__name__)
 

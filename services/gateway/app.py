@@ -135,6 +135,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
             config.timeout_s,
             config.retry_after_s,
             span,
+            chat_request.model,
+            metrics.record_operation,
         )
         stream_label = "true" if chat_request.stream else "false"
         try:

@@ -1,6 +1,7 @@
 """One chat call to the router over its public gRPC API, as the gateway makes it: the caller's
 `Authorization` and W3C trace context travel as gRPC metadata, a gRPC failure becomes a
-GatewayError, and `cancel()` stops the call upstream (a client that left).
+GatewayError, and `cancel()` stops the call upstream (a client that left) and records the call
+(its span, `chat <model>`, and gen_ai.client.operation.duration).
 
 Knows the router's stubs and the client SDK's events; nothing of HTTP framing or OpenAI shapes.
 """
@@ -8,7 +9,8 @@ Knows the router's stubs and the client SDK's events; nothing of HTTP framing or
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -16,9 +18,10 @@ from opentelemetry import context as context_api
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from tiermesh.client import ChatError, Event, event_from_proto
-from tiermesh.client.tracing import end_span, inject_metadata
+from tiermesh.client.tracing import end_span, inject_metadata, rpc_attributes
 from tiermesh.v1 import router_pb2, router_pb2_grpc
 
+from services.common.genai_conventions import error_type, genai_attributes, span_name
 from services.common.telemetry import tracer
 from services.gateway.errors import PARAMS, GatewayError
 
@@ -44,25 +47,25 @@ def start_span(headers: Mapping[str, str], model: str, user: str) -> tuple[Any, 
     else:
         carrier = {name: headers[name] for name in TRACE_HEADERS if name in headers}
         parent = propagate.extract(carrier)
-    attributes = {
-        "rpc.system": "grpc",
-        "rpc.service": "tiermesh.v1.RouterService",
-        "rpc.method": "Chat",
-        "gen_ai.operation.name": "chat",
-        "gen_ai.request.model": model,
-    }
+    attributes = {**rpc_attributes("tiermesh.v1.RouterService/Chat"), **genai_attributes(model)}
     if user:
         attributes["gen_ai.openai.request.user"] = user
     span = tracer().start_span(
-        "gateway chat", context=parent, kind=trace.SpanKind.CLIENT, attributes=attributes
+        span_name(model), context=parent, kind=trace.SpanKind.CLIENT, attributes=attributes
     )
     if not span.get_span_context().is_valid:
         return None, parent
     return span, trace.set_span_in_context(span, parent)
 
 
+# records one finished router call: (seconds, GenAI attributes)
+OperationRecorder = Callable[[float, dict[str, str]], None]
+
+
 class RouterChat:
-    """A started Chat call; read `first()` then `rest()`; `cancel()` is safe at any time."""
+    """A started Chat call; read `first()` then `rest()`; `cancel()` is safe at any time. The
+    call's GenAI request model is `model` (the OpenAI model name asked for); its response model
+    is the router's Final.model."""
 
     def __init__(
         self,
@@ -72,11 +75,17 @@ class RouterChat:
         timeout_s: float,
         retry_after_s: int,
         span: Any = None,
+        model: str = "",
+        record: OperationRecorder | None = None,
     ) -> None:
+        self._started = time.perf_counter()
         self._call = stub.Chat(request, timeout=timeout_s, metadata=metadata)
         self._retry_after_s = retry_after_s
         self._span = span
         self._code = "CANCELLED"
+        self._model = model
+        self._response_model = ""
+        self._record = record
 
     async def first(self) -> Event:
         """The first event (the route decision); raises GatewayError if the router refused."""
@@ -97,6 +106,8 @@ class RouterChat:
         if message is grpc.aio.EOF:
             self._code = "OK"
             return None
+        if message.HasField("final"):
+            self._response_model = message.final.model
         return event_from_proto(message)
 
     async def rest(self) -> AsyncIterator[Event]:
@@ -105,11 +116,18 @@ class RouterChat:
             yield event
 
     def cancel(self) -> None:
-        """Cancels the router call if it still runs, and ends the request's span."""
+        """Cancels the router call if it still runs; the first time, ends the request's span
+        and records the call's duration."""
         self._call.cancel()
         if self._span is not None:
+            if self._response_model:
+                self._span.set_attribute("gen_ai.response.model", self._response_model)
             end_span(self._span, self._code)
             self._span = None
+        if self._record is not None:
+            attributes = genai_attributes(self._model, self._response_model, error_type(self._code))
+            self._record(time.perf_counter() - self._started, attributes)
+            self._record = None
 
     def _error(self, error: grpc.aio.AioRpcError) -> GatewayError:
         """The HTTP error for the router's status; Retry-After from its RetryInfo (rounded up

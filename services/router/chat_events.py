@@ -39,6 +39,7 @@ class TierCallEnded:
     message: str = ""
     usage: common_pb2.Usage | None = None  # the tier's usage, when it finished
     endpoint: str = ""  # the replica of the tier the call went to (its address)
+    model: str = ""  # the model that answered, "<tier>/<model>", when the tier finished
 
 
 @dataclass(frozen=True)

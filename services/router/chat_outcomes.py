@@ -90,6 +90,7 @@ def final_event(
         usage=usage,
         timings=timings,
         revisions=max((c.revision or 0) for c in calls if c.revision is not None) + 1,
+        model=call.model,
     )
     return router_pb2.ChatEvent(final=final)
 
@@ -101,7 +102,9 @@ def ended_event(call: TierCall) -> TierCallEnded:
         code, message = call.error.code().name, call.error.details() or ""
     elif call.finished:
         code, message = "OK", ""
-    return TierCallEnded(call.tier, call.request_id, code, message, call.usage, call.endpoint)
+    return TierCallEnded(
+        call.tier, call.request_id, code, message, call.usage, call.endpoint, call.model
+    )
 
 
 def refine_failure(call: TierCall, error: grpc.aio.AioRpcError) -> str:

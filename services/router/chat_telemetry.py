@@ -1,6 +1,8 @@
 """Traces and metrics of one chat through the router: the Chat server span, the route decision,
-one span per revision, one client span per tier call (carrying trace context to the tier), and
-the progressive-streaming metrics (time to first draft, time to final, revisions, refinements).
+one span per revision, one client span per tier call (`chat <tier>`, carrying trace context to
+the tier), the GenAI durations (the chat's gen_ai.server.request.duration, each tier call's
+gen_ai.client.operation.duration) and the progressive-streaming metrics (time to first draft,
+time to final, revisions, refinements).
 
 ChatTelemetry observes a chat session's events (chat_events.py) as the servicer relays them; the
 session never calls it. Knows OpenTelemetry and the protobuf messages; makes no calls itself.
@@ -8,6 +10,7 @@ session never calls it. Knows OpenTelemetry and the protobuf messages; makes no 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
@@ -17,9 +20,23 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import Counter, Histogram
 from opentelemetry.trace import SpanKind
 from tiermesh.client.requests import MODE_NAMES
-from tiermesh.v1 import common_pb2, router_pb2
+from tiermesh.v1 import router_pb2
 
-from services.common.telemetry import end_span, extract_context, inject_metadata, meter, tracer
+from services.common.genai_conventions import (
+    CLIENT_DURATION,
+    SERVER_DURATION,
+    error_type,
+    genai_attributes,
+    span_name,
+)
+from services.common.telemetry import (
+    end_span,
+    extract_context,
+    inject_metadata,
+    meter,
+    rpc_attributes,
+    tracer,
+)
 from services.router.chat_events import (
     RefinementSettled,
     SessionEvent,
@@ -36,6 +53,12 @@ class RouterMetrics:
         )
         self.token_usage: Histogram = m.create_histogram(
             "gen_ai.client.token.usage", unit="{token}", description="Tokens per tier call"
+        )
+        self.request_duration: Histogram = m.create_histogram(
+            SERVER_DURATION.name, unit="s", description=SERVER_DURATION.description
+        )
+        self.operation_duration: Histogram = m.create_histogram(
+            CLIENT_DURATION.name, unit="s", description=CLIENT_DURATION.description
         )
         self.first_draft: Histogram = m.create_histogram(
             "tiermesh.chat.time_to_first_draft", unit="s", description="Request to first delta"
@@ -59,40 +82,64 @@ def router_metrics() -> RouterMetrics:
 
 
 class TierCallSpan:
-    """The client span of one tier call; ended exactly once with the call's status."""
+    """The client span of one tier call, `chat <tier>`; ended exactly once with the call's
+    status, recording the call's duration and tokens."""
 
     def __init__(self, parent: Context, tier: str, request_id: str) -> None:
         self.span = tracer().start_span(
-            f"tier {tier} Generate",
+            span_name(tier),
             context=parent,
             kind=SpanKind.CLIENT,
             attributes={
-                "rpc.system": "grpc",
-                "rpc.service": "tiermesh.v1.TierService",
-                "rpc.method": "Generate",
+                **rpc_attributes("tiermesh.v1.TierService/Generate"),
+                **genai_attributes(tier),
                 "tiermesh.tier": tier,
                 "tiermesh.request_id": request_id,
             },
         )
         self.metadata = inject_metadata(trace.set_span_in_context(self.span))
         self._tier = tier
+        self._started = time.perf_counter()
         self._ended = False
 
-    def end(self, code: str, message: str = "", usage: common_pb2.Usage | None = None) -> None:
+    def end(self, ended: TierCallEnded | None = None) -> None:
+        """Ends the span with `ended`'s status, or as cancelled by the router without it."""
         if self._ended:
             return
         self._ended = True
-        if usage is not None:
+        if ended is None:
+            ended = TierCallEnded(self._tier, "", "CANCELLED", "cancelled by the router")
+        if ended.endpoint:
+            self.span.set_attributes(server_address(ended.endpoint))
+        if ended.model:
+            self.span.set_attribute("gen_ai.response.model", ended.model)
+        metrics = router_metrics()
+        attributes = {**genai_attributes(self._tier, ended.model), "tiermesh.tier": self._tier}
+        metrics.operation_duration.record(
+            time.perf_counter() - self._started,
+            {**attributes, **genai_attributes(self._tier, ended.model, error_type(ended.code))},
+        )
+        if ended.usage is not None:
+            usage = ended.usage
             self.span.set_attribute("gen_ai.usage.input_tokens", usage.prompt_tokens)
             self.span.set_attribute("gen_ai.usage.output_tokens", usage.completion_tokens)
-            metrics = router_metrics()
             for kind, count in (
                 ("input", usage.prompt_tokens),
                 ("output", usage.completion_tokens),
             ):
-                attributes = {"gen_ai.token.type": kind, "tiermesh.tier": self._tier}
-                metrics.token_usage.record(count, attributes)
-        end_span(self.span, code, message)
+                metrics.token_usage.record(count, {**attributes, "gen_ai.token.type": kind})
+        end_span(self.span, ended.code, ended.message)
+
+
+def server_address(endpoint: str) -> dict[str, str | int]:
+    """`server.address` (and `server.port`) of a tier replica's target: "host:port" or an
+    xds:/// target (its name)."""
+    if endpoint.startswith("xds:"):
+        return {"server.address": endpoint.split("/")[-1]}
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        return {"server.address": endpoint}
+    return {"server.address": host.strip("[]"), "server.port": int(port)}
 
 
 class ChatTelemetry:
@@ -105,16 +152,17 @@ class ChatTelemetry:
             context=extract_context(metadata),
             kind=SpanKind.SERVER,
             attributes={
-                "rpc.system": "grpc",
-                "rpc.service": "tiermesh.v1.RouterService",
-                "rpc.method": "Chat",
-                "gen_ai.operation.name": "chat",
+                **rpc_attributes("tiermesh.v1.RouterService/Chat"),
+                **genai_attributes(""),
             },
         )
         self.context = trace.set_span_in_context(self.span)
+        self._started = time.perf_counter()
         self._revisions: dict[int, trace.Span] = {}
         self._tier_calls: dict[str, TierCallSpan] = {}  # by the tier request's id
         self.mode = ""
+        self.request_model = ""  # the tier meant to give the answer, once routed
+        self.response_model = ""  # the model that gave it (Final.model)
 
     def route(self, decision: router_pb2.RouteDecision, max_tokens: int, start_ns: int) -> None:
         self.mode = MODE_NAMES.get(decision.mode, "routed")
@@ -125,9 +173,12 @@ class ChatTelemetry:
             "tiermesh.policy": decision.policy,
             "tiermesh.reason": decision.reason,
             "tiermesh.complexity": decision.complexity,
-            "gen_ai.request.model": decision.tiers[0] if decision.tiers else "",
             "gen_ai.request.max_tokens": max_tokens,
         }
+        # ROUTED and PINNED: the one tier; PROGRESSIVE: the refine tier (the draft's is its call's)
+        self.request_model = decision.tiers[-1] if decision.tiers else ""
+        if self.request_model:
+            attributes["gen_ai.request.model"] = self.request_model
         self.span.set_attributes(attributes)
         route = tracer().start_span("route", context=self.context, start_time=start_ns)
         route.set_attributes(attributes)
@@ -147,9 +198,9 @@ class ChatTelemetry:
             self._tier_calls[event.request_id] = span
             event.metadata.extend(span.metadata)
         elif isinstance(event, TierCallEnded):
-            ended = self._tier_calls.pop(event.request_id, None)
-            if ended is not None:
-                ended.end(event.code, event.message, event.usage)
+            call = self._tier_calls.pop(event.request_id, None)
+            if call is not None:
+                call.end(event)
         elif isinstance(event, RefinementSettled):
             router_metrics().refinements.add(1, {"tiermesh.outcome": event.outcome})
         elif event.HasField("revision_start"):
@@ -183,6 +234,7 @@ class ChatTelemetry:
         metrics = router_metrics()
         attributes = {"tiermesh.mode": self.mode}
         t = final.timings
+        self.response_model = final.model
         if t.time_to_first_draft_ms:
             metrics.first_draft.record(t.time_to_first_draft_ms / 1000, attributes)
         metrics.final.record(t.time_to_final_ms / 1000, attributes)
@@ -194,18 +246,23 @@ class ChatTelemetry:
                 "tiermesh.final.reason": final.reason,
                 "tiermesh.time_to_first_draft_ms": t.time_to_first_draft_ms,
                 "tiermesh.time_to_final_ms": t.time_to_final_ms,
-                "gen_ai.response.model": final.tier,
+                "gen_ai.response.model": final.model or final.tier,
                 "gen_ai.usage.output_tokens": sum(u.usage.completion_tokens for u in final.usage),
                 "gen_ai.usage.input_tokens": sum(u.usage.prompt_tokens for u in final.usage),
             }
         )
 
     def finish(self, code: str, message: str = "") -> None:
-        """Ends the chat span; what is still open (the session stopped early) ends with it."""
+        """Ends the chat span and records the chat's duration; what is still open (the session
+        stopped early) ends with it."""
         for request_id in list(self._tier_calls):
-            self._tier_calls.pop(request_id).end("CANCELLED", "cancelled by the router")
+            self._tier_calls.pop(request_id).end()
         for revision in list(self._revisions):
             self._revision_ended(revision, "cancelled" if code == "CANCELLED" else "error", code)
         if code == "CANCELLED" and self.mode == "progressive":
             router_metrics().refinements.add(1, {"tiermesh.outcome": "cancelled"})
+        attributes = genai_attributes(self.request_model, self.response_model, error_type(code))
+        router_metrics().request_duration.record(
+            time.perf_counter() - self._started, {**attributes, "tiermesh.mode": self.mode}
+        )
         end_span(self.span, code, message)

@@ -194,6 +194,7 @@ class TierCall:
         self.logprobs: list[float] = []
         self.usage: common_pb2.Usage | None = None
         self.finish_reason = ""
+        self.model = ""  # the answering model, "<tier>/<model>", from the tier's last chunk
         self.error: grpc.aio.AioRpcError | None = None  # the tier's failure, once read
         self.revision: int | None = None  # the revision it produced, once shown
         self.cancelled = False
@@ -214,6 +215,7 @@ class TierCall:
                 if chunk.finish_reason:
                     self.finish_reason = chunk.finish_reason
                     self.usage = chunk.usage
+                    self.model = chunk.model
                 yield chunk
                 if watch is not None:
                     watch.waiting_since = loop.time()

@@ -1,6 +1,7 @@
-"""Traces and metrics of one tier: the Generate server span with GenAI attributes, the engine's
-queue / prefill / decode spans (timed from the request's usage), TTFT and time-per-token
-histograms, and load gauges. Knows OpenTelemetry and the engine's plain types; not gRPC.
+"""Traces and metrics of one tier: the Generate server span (`chat <tier>`, GenAI and RPC
+attributes), the engine's queue / prefill / decode spans (timed from the request's usage), the
+request duration, TTFT and time-per-token histograms with the GenAI attributes, and load gauges.
+Knows OpenTelemetry and the engine's plain types; not gRPC.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import SpanKind
 
-from services.common.telemetry import end_span, extract_context, meter, tracer
+from services.common.genai_conventions import (
+    SERVER_DURATION,
+    error_type,
+    genai_attributes,
+    model_id,
+    span_name,
+)
+from services.common.telemetry import end_span, extract_context, meter, rpc_attributes, tracer
 from services.tier.engine import Engine, GenerationRequest, GenerationUsage
 
 MS = 1_000_000  # nanoseconds per millisecond
@@ -29,6 +37,9 @@ class TierTelemetry:
         )
         self.tpot = m.create_histogram(
             "gen_ai.server.time_per_output_token", unit="s", description="Time per output token"
+        )
+        self.duration = m.create_histogram(
+            SERVER_DURATION.name, unit="s", description=SERVER_DURATION.description
         )
         self.requests = m.create_counter(
             "tiermesh.tier.requests", description="Generate calls by final gRPC status"
@@ -48,21 +59,21 @@ class TierTelemetry:
 
         return observe
 
+    def model_id(self) -> str:
+        """The answering model's identity, `<tier>/<model>` (gen_ai.response.model)."""
+        return model_id(self._tier, self._engine.load().model)
+
     def start(
         self, metadata: Sequence[tuple[str, Any]] | None, request_id: str, start_ns: int
     ) -> trace.Span:
-        load = self._engine.load()
         return tracer().start_span(
-            f"tier {self._tier} Generate",
+            span_name(self._tier),
             context=extract_context(metadata),
             kind=SpanKind.SERVER,
             start_time=start_ns,
             attributes={
-                "rpc.system": "grpc",
-                "rpc.service": "tiermesh.v1.TierService",
-                "rpc.method": "Generate",
-                "gen_ai.operation.name": "chat",
-                "gen_ai.request.model": load.model,
+                **rpc_attributes("tiermesh.v1.TierService/Generate"),
+                **genai_attributes(self._tier),
                 "tiermesh.tier": self._tier,
                 "tiermesh.request_id": request_id,
             },
@@ -79,13 +90,20 @@ class TierTelemetry:
         status: str,
         message: str = "",
     ) -> None:
-        """Adds the engine phase spans and metrics, then ends the server span."""
-        attributes = {"tiermesh.tier": self._tier}
+        """Adds the engine phase spans and metrics, then ends the server span. The model that
+        answered (gen_ai.response.model) is reported once it produced a token."""
+        now = time.time_ns()
+        response_model = self.model_id() if first_token_ns is not None else ""
+        attributes = {
+            **genai_attributes(self._tier, response_model, error_type(status)),
+            "tiermesh.tier": self._tier,
+        }
+        if response_model:
+            span.set_attribute("gen_ai.response.model", response_model)
         if request is not None:
             span.set_attribute("gen_ai.request.max_tokens", request.max_tokens)
             span.set_attribute("gen_ai.request.temperature", request.sampling.temperature)
         context = trace.set_span_in_context(span)
-        now = time.time_ns()
         if usage is not None:
             queued = received_ns + int(usage.queue_ms * MS)
             first = received_ns + int(usage.ttft_ms * MS)
@@ -104,7 +122,8 @@ class TierTelemetry:
             self._phase("engine decode", context, first_token_ns, now)
         if finish_reason:
             span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
-        self.requests.add(1, {**attributes, "rpc.grpc.status": status})
+        self.duration.record((now - received_ns) / 1e9, attributes)
+        self.requests.add(1, {"tiermesh.tier": self._tier, "rpc.response.status_code": status})
         end_span(span, status, message)
 
     def _phase(

@@ -1,5 +1,7 @@
 """OpenTelemetry across SDK -> router -> tier -> engine, with in-memory exporters and real
-servers on port 0: one trace, correct parents, GenAI attributes, cancelled spans, metrics."""
+servers on port 0: one trace, correct parents, GenAI span names and attributes (one model
+identity from tier to router), current RPC attribute keys, cancelled spans, metrics with the
+GenAI attributes (error.type on failures) and the GenAI durations."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from tiermesh.client import AsyncRouterClient
+from tiermesh.client import AsyncRouterClient, ChatError
 
 from services.common.telemetry import setup_telemetry
 from tests.integration.mesh import Mesh, leave_after_first_delta, start_mesh
@@ -52,7 +54,9 @@ def by_name(finished: tuple[ReadableSpan, ...], name: str, kind: SpanKind) -> Re
     return matches[0]
 
 
-async def test_one_trace_from_sdk_to_engine(mesh: Mesh, spans: InMemorySpanExporter) -> None:
+async def test_one_trace_from_sdk_to_engine(
+    mesh: Mesh, spans: InMemorySpanExporter, tiny_model_dir: Path
+) -> None:
     async with AsyncRouterClient(mesh.address) as client:
         result = await client.chat(PROMPT, mode="progressive", max_tokens=12)
     await asyncio.sleep(0.1)  # the tiers end their spans after the last message is sent
@@ -65,8 +69,9 @@ async def test_one_trace_from_sdk_to_engine(mesh: Mesh, spans: InMemorySpanExpor
     route = by_name(finished, "route", SpanKind.INTERNAL)
     assert route.parent is not None and route.parent.span_id == chat.context.span_id
     for tier, revision in (("small", 0), ("large", 1)):
-        client_span = by_name(finished, f"tier {tier} Generate", SpanKind.CLIENT)
-        server_span = by_name(finished, f"tier {tier} Generate", SpanKind.SERVER)
+        # GenAI span names: {gen_ai.operation.name} {gen_ai.request.model}
+        client_span = by_name(finished, f"chat {tier}", SpanKind.CLIENT)
+        server_span = by_name(finished, f"chat {tier}", SpanKind.SERVER)
         assert client_span.parent is not None
         assert client_span.parent.span_id == chat.context.span_id
         assert server_span.parent is not None
@@ -75,8 +80,22 @@ async def test_one_trace_from_sdk_to_engine(mesh: Mesh, spans: InMemorySpanExpor
             s.name for s in finished if s.parent and s.parent.span_id == server_span.context.span_id
         }
         assert phases == {"engine queue", "engine prefill", "engine decode"}
+        # one model identity: asked for by tier name, answered as <tier>/<model>, on both sides
+        model = f"{tier}/{tiny_model_dir.name}"
+        for span in (client_span, server_span):
+            attributes = span.attributes or {}
+            assert attributes["gen_ai.operation.name"] == "chat"
+            assert attributes["gen_ai.provider.name"] == "tiermesh"
+            assert attributes["gen_ai.request.model"] == tier
+            assert attributes["gen_ai.response.model"] == model
+            assert attributes["rpc.system.name"] == "grpc"
+            assert attributes["rpc.method"] == "tiermesh.v1.TierService/Generate"
+            assert attributes["rpc.response.status_code"] == "OK"
+            assert "error.type" not in attributes
+            for deprecated in ("rpc.system", "rpc.service", "rpc.grpc.status_code"):
+                assert deprecated not in attributes
+        assert (client_span.attributes or {})["server.address"] == "127.0.0.1"
         attributes = server_span.attributes or {}
-        assert attributes["gen_ai.operation.name"] == "chat"
         assert attributes["gen_ai.request.max_tokens"] == 12
         assert attributes["gen_ai.usage.output_tokens"] > 0
         assert attributes["gen_ai.usage.input_tokens"] > 0
@@ -86,6 +105,9 @@ async def test_one_trace_from_sdk_to_engine(mesh: Mesh, spans: InMemorySpanExpor
         assert (revision_span.attributes or {})["tiermesh.tier"] == tier
         assert server_span.status.status_code == StatusCode.OK
     chat_attributes = chat.attributes or {}
+    assert chat_attributes["rpc.method"] == "tiermesh.v1.RouterService/Chat"
+    assert chat_attributes["gen_ai.request.model"] == "large"
+    assert chat_attributes["gen_ai.response.model"] == f"large/{tiny_model_dir.name}"
     assert chat_attributes["tiermesh.mode"] == "progressive"
     assert chat_attributes["tiermesh.policy"] == "progressive"
     assert chat_attributes["tiermesh.final.revision"] == result.revision
@@ -96,7 +118,7 @@ async def test_cancelled_stream_spans_end_promptly_as_cancelled(
 ) -> None:
     async with AsyncRouterClient(mesh.address) as client:
         await leave_after_first_delta(client, PROMPT, mode="progressive", max_tokens=400)
-    wanted = {("router Chat", SpanKind.SERVER), ("tier small Generate", SpanKind.SERVER)}
+    wanted = {("router Chat", SpanKind.SERVER), ("chat small", SpanKind.SERVER)}
     for _ in range(100):  # at most 2 s
         done = {(s.name, s.kind) for s in spans.get_finished_spans()}
         if wanted <= done:
@@ -106,9 +128,10 @@ async def test_cancelled_stream_spans_end_promptly_as_cancelled(
     for name, kind in sorted(wanted):
         span = by_name(finished, name, kind)
         assert span.status.status_code == StatusCode.ERROR
-        assert (span.attributes or {})["rpc.grpc.status_code"] == 1  # CANCELLED
+        assert (span.attributes or {})["rpc.response.status_code"] == "CANCELLED"
+        assert (span.attributes or {})["error.type"] == "CANCELLED"
     sdk = by_name(finished, "chat", SpanKind.CLIENT)
-    assert (sdk.attributes or {})["rpc.grpc.status_code"] == 1
+    assert (sdk.attributes or {})["rpc.response.status_code"] == "CANCELLED"
 
 
 def _metric_points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
@@ -150,3 +173,71 @@ async def test_metrics_recorded_for_a_progressive_chat(
         for p in points["tiermesh.route.decisions"]
     }
     assert ("progressive", "large") in decisions
+
+
+GENAI_METRICS = (
+    "gen_ai.server.request.duration",
+    "gen_ai.server.time_to_first_token",
+    "gen_ai.server.time_per_output_token",
+    "gen_ai.client.operation.duration",
+    "gen_ai.client.token.usage",
+)
+
+
+async def test_genai_metrics_carry_the_required_attributes_and_one_model_identity(
+    mesh: Mesh, captured: tuple[InMemorySpanExporter, InMemoryMetricReader], tiny_model_dir: Path
+) -> None:
+    reader = captured[1]
+    async with AsyncRouterClient(mesh.address) as client:
+        await client.chat(PROMPT, mode="progressive", max_tokens=8)
+    await asyncio.sleep(0.1)
+    points = _metric_points(reader)
+    for name in GENAI_METRICS:
+        assert points.get(name), f"{name} not recorded; have {sorted(points)}"
+        for point in points[name]:
+            attributes = dict(point.attributes)
+            assert attributes["gen_ai.operation.name"] == "chat", (name, attributes)
+            assert attributes["gen_ai.provider.name"] == "tiermesh", (name, attributes)
+            assert attributes["gen_ai.request.model"] in ("small", "medium", "large"), name
+    ok = [dict(p.attributes) for name in GENAI_METRICS for p in points[name]]
+    ok = [a for a in ok if "error.type" not in a]
+    for attributes in ok:  # a model answered: the same identity wherever it is reported
+        model = attributes["gen_ai.response.model"]
+        assert model == f"{attributes['gen_ai.request.model']}/{tiny_model_dir.name}", attributes
+    durations = [dict(p.attributes) for p in points["gen_ai.server.request.duration"]]
+    tiers = {a["gen_ai.request.model"] for a in durations if "tiermesh.tier" in a}
+    assert {"small", "large"} <= tiers  # the tiers' own
+    router = [a for a in durations if a.get("tiermesh.mode") == "progressive"]
+    assert router and router[0]["gen_ai.response.model"] == f"large/{tiny_model_dir.name}"
+    calls = {
+        dict(p.attributes)["gen_ai.request.model"]
+        for p in points["gen_ai.client.operation.duration"]
+    }
+    assert {"small", "large"} <= calls  # the router's calls to the tiers
+
+
+async def test_failed_requests_carry_error_type(
+    mesh: Mesh, captured: tuple[InMemorySpanExporter, InMemoryMetricReader]
+) -> None:
+    reader = captured[1]
+    async with AsyncRouterClient(mesh.address) as client:
+        with pytest.raises(ChatError) as refused:
+            await client.chat(PROMPT, mode="pinned", tier="small", max_tokens=100_000)
+        assert refused.value.code == "INVALID_ARGUMENT"
+        await leave_after_first_delta(client, PROMPT, mode="pinned", tier="small", max_tokens=400)
+    errors: set[tuple[str, str, str]] = set()
+    for _ in range(100):  # at most 2 s: the tier ends its span and metrics after the cancel
+        points = _metric_points(reader)
+        errors = {
+            (name, dict(p.attributes)["error.type"], dict(p.attributes).get("tiermesh.tier", ""))
+            for name in ("gen_ai.server.request.duration", "gen_ai.client.operation.duration")
+            for p in points.get(name, [])
+            if "error.type" in dict(p.attributes)
+        }
+        if ("gen_ai.server.request.duration", "CANCELLED", "small") in errors:
+            break
+        await asyncio.sleep(0.02)
+    assert ("gen_ai.server.request.duration", "INVALID_ARGUMENT", "") in errors  # the router
+    assert ("gen_ai.server.request.duration", "CANCELLED", "") in errors  # the router
+    assert ("gen_ai.server.request.duration", "CANCELLED", "small") in errors  # the tier
+    assert ("gen_ai.client.operation.duration", "CANCELLED", "small") in errors  # router -> tier

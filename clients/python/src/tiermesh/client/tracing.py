@@ -51,11 +51,21 @@ def inject_metadata(context: Context | None = None) -> list[tuple[str, str]]:
     return list(carrier.items())
 
 
+def rpc_attributes(method: str) -> dict[str, str]:
+    """The RPC semantic conventions' attributes of a gRPC span: `rpc.system.name` and the
+    fully-qualified `rpc.method` ("tiermesh.v1.RouterService/Chat")."""
+    return {"rpc.system.name": "grpc", "rpc.method": method}
+
+
 def end_span(span: Any, code_name: str, message: str = "") -> None:
-    """Ends a span with the gRPC status it finished with (OK, CANCELLED, UNAVAILABLE, ...)."""
+    """Ends a span with the gRPC status it finished with (OK, CANCELLED, UNAVAILABLE, ...):
+    `rpc.response.status_code` is the status name, and `error.type` too unless it is OK."""
     if span is None or trace is None:
         return
-    span.set_attribute("rpc.grpc.status_code", GRPC_STATUS_CODES.get(code_name, 2))
+    code_name = code_name if code_name in GRPC_STATUS_CODES else "UNKNOWN"
+    span.set_attribute("rpc.response.status_code", code_name)
+    if code_name != "OK":
+        span.set_attribute("error.type", code_name)
     if code_name == "OK":
         span.set_status(trace.Status(trace.StatusCode.OK))
     else:
@@ -72,10 +82,9 @@ def start_chat_span(mode: str) -> tuple[Any, list[tuple[str, str]]]:
         "chat",
         kind=trace.SpanKind.CLIENT,
         attributes={
-            "rpc.system": "grpc",
-            "rpc.service": "tiermesh.v1.RouterService",
-            "rpc.method": "Chat",
+            **rpc_attributes("tiermesh.v1.RouterService/Chat"),
             "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": "tiermesh",
             "tiermesh.mode": mode,
         },
     )
