@@ -11,6 +11,7 @@ from typing import Any
 from tiermesh.client.requests import MODES
 
 from services.common import env
+from services.common.parent_watch import stop_with_parent
 from services.common.tiers import TIER_NAMES
 
 DEMO_PROMPT = "What is your return policy?"
@@ -42,6 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from services.launcher.echo_tiers import EchoSettings
     from services.launcher.local_mesh import run_mesh
 
+    stop_with_parent()  # started by a harness: stop (and stop the mesh) when it dies
     echo = None
     if args.engine == "echo":
         echo = EchoSettings(ttft_ms=args.echo_ttft_ms, tokens_per_s=args.echo_tokens_per_s)
