@@ -1,6 +1,7 @@
 """Health- and load-aware fallback: when the chosen tier is down (its reports say so, or it was
 ejected for failing), would break its TTFT SLO, has no room, or its load is unknown, the request
 goes to the next tier in the configured fallback order. Unknown load never counts as room.
+When every tier of the chain reports itself full, the request is refused at once (TiersFull).
 
 Pure decision logic over TierLoad snapshots and a `down` question; knows nothing of gRPC.
 """
@@ -10,9 +11,23 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from services.common.config import RouterConfig
+from services.common.errors import Overloaded
 from services.router.policy import Loads, TierLoad
 
 Down = Callable[[str], "str | None"]  # why a tier cannot take a call now; None if it can
+
+
+# The shortest retry delay a refusal for full tiers gives; a tier's recent TTFT under load is
+# mostly its queue's wait, so the delay is the shortest such TTFT among the full tiers.
+MIN_RETRY_S = 0.05
+
+
+class TiersFull(Overloaded):
+    """Every candidate tier reports a full queue; `retry_after_s` is when one may have room."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 def never_down(tier: str) -> str | None:
@@ -53,7 +68,8 @@ def choose_with_fallback(
 ) -> tuple[str, str, tuple[str, ...]]:
     """The tier to use, a note for the decision's reason ("" when no fallback happened), and
     the tiers a failed call moves on to (those able to take it first). When no tier of the
-    chain can take it, the chosen tier is tried all the same and the note says so."""
+    chain can take it, the chosen tier is tried all the same and the note says so, unless every
+    tier of the chain that is up reports a full queue: then TiersFull is raised."""
     candidates = (tier, *fallback_chain(tier, config))
     refusals = {t: refusal(t, loads.get(t), config, down) for t in candidates}
     notes = []
@@ -65,6 +81,12 @@ def choose_with_fallback(
             break
         notes.append(why)
     else:
+        full = [loads.get(t) for t in candidates if down(t) is None]
+        if all(load is not None and load.queue_full for load in full) and full:
+            wait_s = min(load.ttft_ms_p50 / 1000 for load in full if load is not None)
+            raise TiersFull(
+                f"every tier full: {'; '.join(notes)}", retry_after_s=max(MIN_RETRY_S, wait_s)
+            )
         return tier, f"; {'; '.join(notes)}; no tier available, trying {tier}", candidates[1:]
     after = [t for t in fallback_chain(chosen, config) if t != chosen]
     able = [t for t in after if refusal(t, loads.get(t), config, down) is None]

@@ -37,6 +37,7 @@ class GenerationRequest:
     messages: tuple[tuple[str, str], ...] = ()  # (role, content), rendered by the chat template
     sampling: Sampling = field(default_factory=Sampling)
     tokens_per_chunk: int = 0  # 0 = the engine's default
+    deadline_s: float | None = None  # seconds the caller has left when it arrives; None = none
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,9 @@ class Engine(Protocol):
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         """Streams the completion of one request.
 
-        Raises InvalidArgument (prompt too long), Overloaded (admission queue full) or
-        Unavailable (not started, or shutting down) before the first chunk.
+        Raises InvalidArgument (prompt too long), Overloaded (admission queue full, or the
+        request could not start within its deadline or the queue's longest wait; with a retry
+        delay) or Unavailable (not started, or shutting down) before the first chunk.
         """
         ...
 

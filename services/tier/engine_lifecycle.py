@@ -139,12 +139,16 @@ class EngineLifecycle(ABC):
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         """Steps: check health, prepare the request (raises InvalidArgument), wait for a running
-        slot in the bounded queue (raises Overloaded past it), check health again, then relay
-        the decoder's chunks, noting the first token's time and putting usage on the last
-        chunk. Closing the stream early closes the decoder's, which stops its work."""
+        slot in the bounded queue (raises Overloaded past it, or at once when the queue's
+        expected wait exceeds the request's deadline or the longest wait), check health again,
+        then relay the decoder's chunks, noting the first token's time and putting usage on the
+        last chunk. Closing the stream early closes the decoder's, which stops its work."""
         received = time.perf_counter()
         prepared = self.prepare(request)
-        async with self._admission.slot():
+        deadline_s = request.deadline_s
+        if deadline_s is not None:
+            deadline_s -= time.perf_counter() - received
+        async with self._admission.slot(deadline_s):
             self.check_health()
             meter = UsageMeter(len(prepared.prompt_ids), received)
             stream = self._decode(prepared)

@@ -58,7 +58,9 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
         self._max_tokens = max_tokens
         self._telemetry = TierTelemetry(tier, engine)
 
-    def _request(self, request: tier_pb2.GenerateRequest) -> GenerationRequest:
+    def _request(
+        self, request: tier_pb2.GenerateRequest, deadline_s: float | None = None
+    ) -> GenerationRequest:
         if not request.request_id:
             raise InvalidArgument("request_id: required")
         check_request_id(request.request_id)
@@ -77,6 +79,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
             max_tokens=request.max_tokens,
             sampling=sampling_from_proto(request.sampling),
             tokens_per_chunk=request.tokens_per_chunk,
+            deadline_s=deadline_s,
         )
 
     async def Generate(
@@ -90,7 +93,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
         finish: str | None = None
         status, message = "OK", ""
         try:
-            generation = self._request(request)
+            generation = self._request(request, context.time_remaining())
             stream = self._engine.generate(generation)
             async with contextlib.aclosing(stream):  # type: ignore[type-var]
                 async for chunk in stream:

@@ -1,0 +1,85 @@
+"""Overload on real servers (the tiny GPT-2): a stream that ends hands its running slot on only
+once its KV-pool slot is free (so admission never overbooks the pool), and a burst of three
+times the mesh's capacity ends every chat with an answer or RESOURCE_EXHAUSTED carrying a retry
+delay: no UNKNOWN or INTERNAL."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from tiermesh.client import AsyncRouterClient, ChatError
+
+from services.common.config import TierConfig
+from services.tier.engine import GenerationRequest
+from services.tier.torch_engine import TorchEngine
+from tests.integration.mesh import Mesh, start_mesh
+
+PROMPTS = ["What is your return policy?", "How much does the blue kettle cost?", "Hi there"]
+
+
+async def test_an_ended_stream_frees_its_pool_slot_before_the_next_starts(
+    tiny_model_dir: Path,
+) -> None:
+    config = TierConfig(
+        name="small", model_path=tiny_model_dir, max_running=1, max_queued=1, max_tokens=200
+    )
+    engine = TorchEngine(config)
+    await engine.start()
+    try:
+        for i in range(12):  # leave after the first chunk, start the next at once, again
+            first = engine.generate(GenerationRequest(f"a{i}", 200, prompt="Hi"))
+            async with contextlib.aclosing(first):
+                await anext(first)
+            tokens = [
+                t
+                async for chunk in engine.generate(GenerationRequest(f"b{i}", 3, prompt="Hi"))
+                for t in chunk.token_ids
+            ]
+            assert len(tokens) == 3
+        assert engine._pool is not None and engine._pool.free_slots == 1
+    finally:
+        await engine.shutdown()
+
+
+@pytest.fixture
+async def mesh(tiny_model_dir: Path) -> AsyncIterator[Mesh]:
+    mesh = await start_mesh(
+        tiny_model_dir,
+        tier_options={"max_running": 2, "max_queued": 2, "max_tokens": 64},
+        router_options={"max_inflight": 256, "load_watch_interval_ms": 50},
+    )
+    yield mesh
+    await mesh.stop()
+
+
+async def test_a_burst_of_three_times_capacity_ends_in_answers_or_refusals(mesh: Mesh) -> None:
+    capacity = 3 * (2 + 2)  # three tiers, each 2 running + 2 queued
+    outcomes: Counter[str] = Counter()
+    delays: list[float] = []
+
+    async def one(client: AsyncRouterClient, i: int) -> None:
+        try:
+            result = await client.chat(PROMPTS[i % len(PROMPTS)], max_tokens=32, timeout=60)
+        except ChatError as e:
+            outcomes[e.code] += 1
+            if e.retry_after_s is not None:
+                delays.append(e.retry_after_s)
+            return
+        assert result.text
+        outcomes["OK"] += 1
+
+    async with AsyncRouterClient(mesh.address) as client:
+        await asyncio.gather(*(one(client, i) for i in range(3 * capacity)))
+        assert set(outcomes) <= {"OK", "RESOURCE_EXHAUSTED"}, outcomes
+        assert outcomes["OK"] >= capacity // 2 and outcomes["RESOURCE_EXHAUSTED"] > 0, outcomes
+        assert len(delays) == outcomes["RESOURCE_EXHAUSTED"]  # every refusal says when to retry
+        assert all(delay > 0 for delay in delays)
+        for tier in mesh.tiers:
+            await mesh.wait_idle(tier)
+        result = await client.chat(PROMPTS[0], max_tokens=8)  # the mesh answers as before
+        assert result.text

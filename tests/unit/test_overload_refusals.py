@@ -1,0 +1,152 @@
+"""Fast refusals with a retry delay from the queue: the tier's admission (expected wait against
+the deadline and the longest wait), the KV pool's slot reservation, and the router's refusal
+when every candidate tier reports a full queue. No servers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+
+from services.common.config import RouterConfig
+from services.router.fallback import TiersFull, choose_with_fallback
+from services.router.policy import TierLoad
+from services.tier.admission import Admission, QueueRefused
+from services.tier.kv_pool import KvCachePool, PoolFull
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _hold_once(admission: Admission, clock: Clock, seconds: float) -> None:
+    async with admission.slot():
+        clock.now += seconds
+
+
+async def test_a_request_that_cannot_start_in_its_deadline_is_refused_at_once() -> None:
+    clock = Clock()
+    admission = Admission(max_running=2, max_queued=8, max_wait_s=5.0, clock=clock)
+    await _hold_once(admission, clock, 3.0)  # one measured hold: 3 s
+    assert admission.hold_s == pytest.approx(3.0)
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        async with admission.slot():
+            await release.wait()
+
+    holders = [asyncio.create_task(hold()) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert admission.expected_wait_s() == pytest.approx(1.5)  # 1 hand-over of 2 slots per 3 s
+    with pytest.raises(QueueRefused, match=r"could not start within 1\.00 s") as refused:
+        async with admission.slot(deadline_s=1.0):
+            pass
+    assert refused.value.retry_after_s == pytest.approx(1.5)
+    assert admission.queued == 0 and admission.rejected == 1
+    waiter = asyncio.create_task(hold())  # 1.5 s expected, within 5 s: it queues
+    await asyncio.sleep(0)
+    assert admission.queued == 1
+    assert admission.expected_wait_s() == pytest.approx(3.0)  # now second in line
+    release.set()
+    await asyncio.gather(*holders, waiter)
+
+
+async def test_a_queued_request_is_refused_when_its_wait_runs_out() -> None:
+    admission = Admission(max_running=1, max_queued=4, max_wait_s=0.05)
+    admission.hold_s = 0.01  # so the estimate lets it queue
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        async with admission.slot():
+            await release.wait()
+
+    holder = asyncio.create_task(hold())
+    await asyncio.sleep(0)
+    with pytest.raises(QueueRefused, match=r"no running slot within 0\.05 s") as refused:
+        async with admission.slot():
+            pass
+    assert refused.value.retry_after_s > 0
+    assert (admission.running, admission.queued) == (1, 0)
+    release.set()
+    await holder
+    assert admission.running == 0
+
+
+async def test_the_retry_delay_of_a_full_queue_comes_from_the_measured_hold() -> None:
+    clock = Clock()
+    admission = Admission(max_running=1, max_queued=1, clock=clock)
+    await _hold_once(admission, clock, 0.4)
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        async with admission.slot():
+            await release.wait()
+
+    tasks = [asyncio.create_task(hold()) for _ in range(2)]
+    await asyncio.sleep(0)
+    with pytest.raises(QueueRefused, match="queue full") as refused:
+        async with admission.slot():
+            pass
+    assert refused.value.retry_after_s == pytest.approx(0.8)  # 2 ahead, 1 slot, 0.4 s each
+    release.set()
+    await asyncio.gather(*tasks)
+
+
+def test_pool_slots_are_reserved_once_across_threads() -> None:
+    pool = KvCachePool(
+        layers=1,
+        slots=8,
+        heads=1,
+        max_len=4,
+        head_dim=2,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
+    taken: list[int] = []
+    refused: list[int] = []
+    lock = threading.Lock()
+
+    def reserve() -> None:
+        for _ in range(4):
+            try:
+                slot = pool.acquire()
+            except PoolFull:
+                with lock:
+                    refused.append(1)
+                continue
+            with lock:
+                taken.append(slot)
+
+    threads = [threading.Thread(target=reserve) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(taken) == list(range(8)) and len(refused) == 8  # each slot once, then refused
+    pool.release(taken[0])
+    with pytest.raises(ValueError, match="released twice"):
+        pool.release(taken[0])
+    assert pool.free_slots == 1
+
+
+FULL = TierLoad(True, 4, 16, 4, 16, 800.0, 2000.0)
+IDLE = TierLoad(True, 0, 0, 4, 16, 10.0, 20.0)
+
+
+def test_the_router_refuses_at_once_when_every_candidate_tier_is_full() -> None:
+    config = RouterConfig()
+    loads = {"small": FULL, "medium": FULL, "large": TierLoad(True, 4, 16, 4, 16, 300.0, 900.0)}
+    with pytest.raises(TiersFull, match="every tier full") as refused:
+        choose_with_fallback("small", loads, config)
+    assert refused.value.status == "RESOURCE_EXHAUSTED"
+    assert refused.value.retry_after_s == pytest.approx(0.3)  # the soonest tier's TTFT p50
+    # one tier with room: no refusal, it falls back
+    assert choose_with_fallback("small", {**loads, "large": IDLE}, config)[0] == "large"
+    # a tier whose load is unknown is not known to be full: tried, not refused
+    assert choose_with_fallback("small", {**loads, "large": None}, config)[0] == "small"
