@@ -1,5 +1,6 @@
 """The mesh admin service (tiermesh.v1.MeshAdminService): the control plane's status as one
-message, the client that fetches it, and its rendering as text or JSON for `tiermesh mesh status`.
+message, who may read it (the `admin` scope when API keys are on; ADS callers by certificate),
+the client that fetches it, and its rendering as text or JSON for `tiermesh mesh status`.
 
 Knows the control plane's records (through `PlaneState`, which `mesh.control_plane.ControlPlane`
 satisfies) and the admin proto; knows nothing of ADS streams and never imports the control plane.
@@ -18,6 +19,10 @@ from tiermesh.v1 import mesh_pb2, mesh_pb2_grpc
 from mesh.node_status import NodeStatusBook
 from mesh.resources import SHORT_NAMES, TYPE_URLS
 from mesh.topology import Topology
+from services.security.api_key_auth import ApiKeyAuth
+from services.security.api_keys import KeyRing
+from services.security.settings import ServiceSecurity
+from services.security.tls import AllowedCallers
 
 
 class PlaneState(Protocol):
@@ -109,12 +114,40 @@ class MeshAdminServicer(mesh_pb2_grpc.MeshAdminServiceServicer):
         return status_message(self.plane)
 
 
-def fetch_status(address: str, timeout_s: float = 5.0) -> mesh_pb2.MeshStatus:
-    """Asks the control plane at `address`; raises grpc.RpcError if it does not answer."""
-    with grpc.insecure_channel(address) as channel:
+def control_plane_interceptors(
+    security: ServiceSecurity, ads_service: str, admin_service: str
+) -> list[Any]:
+    """Who may call what on the control plane: with allowed callers, ADS (and reflection) only
+    from those certificates; with a key file, the admin service only with a key holding the
+    `admin` scope. Each check leaves the other's service to it: the admin service takes keys,
+    not client certificates (an operator's `tiermesh mesh status` has none), and ADS clients
+    (gRPC's xDS client) send no key."""
+    chain: list[Any] = []
+    if security.allowed_callers:
+        chain.append(AllowedCallers(security.allowed_callers, (f"/{admin_service}/",)))
+    if security.keys_file is not None:
+        ring = KeyRing(security.keys_file)
+        chain.append(ApiKeyAuth(ring, {}, open_prefixes=(f"/{ads_service}/",)))
+    return chain
+
+
+def fetch_status(
+    address: str,
+    timeout_s: float = 5.0,
+    credentials: grpc.ChannelCredentials | None = None,
+    api_key: str | None = None,
+) -> mesh_pb2.MeshStatus:
+    """Asks the control plane at `address` (over TLS with `credentials`, with `api_key` as a
+    bearer token); raises grpc.RpcError if it does not answer or refuses."""
+    if credentials is None:
+        channel = grpc.insecure_channel(address)
+    else:
+        channel = grpc.secure_channel(address, credentials)
+    metadata = (("authorization", f"Bearer {api_key}"),) if api_key else None
+    with channel:
         stub = mesh_pb2_grpc.MeshAdminServiceStub(channel)
         response: mesh_pb2.MeshStatus = stub.GetMeshStatus(
-            mesh_pb2.GetMeshStatusRequest(), timeout=timeout_s
+            mesh_pb2.GetMeshStatusRequest(), timeout=timeout_s, metadata=metadata
         )
         return response
 

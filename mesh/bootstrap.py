@@ -8,6 +8,8 @@ Plain dictionaries ready for json.dumps; knows nothing of xDS message classes or
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mesh.topology import Topology
@@ -16,8 +18,33 @@ BOOTSTRAP_CONFIG_ENV = "GRPC_XDS_BOOTSTRAP_CONFIG"
 ENVOY_ADMIN_PORT = 9901
 
 
-# The channel credential types gRPC's xDS clients know (the bootstrap design, gRFC A27 and A29).
+# The channel credential types gRPC's xDS clients know (the bootstrap design, gRFC A27, A29
+# and A65).
 CHANNEL_CREDS = ("insecure", "google_default", "tls", "xds")
+TLS_REFRESH_INTERVAL = "60s"  # how often the xDS client re-reads its certificate files
+
+
+@dataclass(frozen=True)
+class XdsTls:
+    """The files of the ADS stream's TLS (gRFC A65 `tls` channel credentials): the CA that
+    signs the control plane's certificate, and this client's certificate and key (mTLS) or
+    neither (TLS)."""
+
+    ca: Path
+    cert: Path | None = None
+    key: Path | None = None
+
+    def channel_creds(self) -> dict[str, Any]:
+        """The bootstrap's channel_creds entry; paths are made absolute (the client reads them
+        from wherever its process runs, and again every TLS_REFRESH_INTERVAL)."""
+        config: dict[str, Any] = {
+            "ca_certificate_file": str(self.ca.resolve()),
+            "refresh_interval": TLS_REFRESH_INTERVAL,
+        }
+        if self.cert is not None and self.key is not None:
+            config["certificate_file"] = str(self.cert.resolve())
+            config["private_key_file"] = str(self.key.resolve())
+        return {"type": "tls", "config": config}
 
 
 def grpc_bootstrap(
@@ -27,8 +54,10 @@ def grpc_bootstrap(
     zone: str = "",
     region: str = "",
     sub_zone: str = "",
+    tls: XdsTls | None = None,
 ) -> dict[str, Any]:
-    """The gRPC xDS bootstrap: one ADS server (insecure, xDS v3) and this client's node.
+    """The gRPC xDS bootstrap: one ADS server (xDS v3; plaintext, or TLS with `tls`) and this
+    client's node.
 
     Every field the gRPC xDS bootstrap design lists for the node is written, `locality` too
     (empty strings when unknown): grpcio accepts a node without it, some other languages'
@@ -43,7 +72,7 @@ def grpc_bootstrap(
         "xds_servers": [
             {
                 "server_uri": control_plane,
-                "channel_creds": [{"type": "insecure"}],
+                "channel_creds": [tls.channel_creds() if tls else {"type": "insecure"}],
                 "server_features": ["xds_v3"],
             }
         ],
@@ -51,10 +80,24 @@ def grpc_bootstrap(
     }
 
 
-def bootstrap_env(control_plane: str, node_id: str) -> dict[str, str]:
+def bootstrap_env(control_plane: str, node_id: str, tls: XdsTls | None = None) -> dict[str, str]:
     """The environment that makes every xds:/// channel of a process use this control plane.
     It must be in place before the process creates its first xds channel."""
-    return {BOOTSTRAP_CONFIG_ENV: json.dumps(grpc_bootstrap(control_plane, node_id))}
+    return {BOOTSTRAP_CONFIG_ENV: json.dumps(grpc_bootstrap(control_plane, node_id, tls=tls))}
+
+
+def _tls_config_problems(where: str, config: Any) -> list[str]:
+    """What a `tls` channel_creds config (gRFC A65) gets wrong."""
+    if not isinstance(config, dict):
+        return [f"{where}.config: must be an object (ca_certificate_file, ...)"]
+    problems = [
+        f"{where}.config.{name}: must be a string (a file path)"
+        for name in ("ca_certificate_file", "certificate_file", "private_key_file")
+        if name in config and not isinstance(config[name], str)
+    ]
+    if ("certificate_file" in config) != ("private_key_file" in config):
+        problems.append(f"{where}.config: certificate_file and private_key_file go together")
+    return problems
 
 
 def bootstrap_problems(bootstrap: Any) -> list[str]:
@@ -83,6 +126,12 @@ def bootstrap_problems(bootstrap: Any) -> list[str]:
                 f"{where}.channel_creds: no entry with a type clients know "
                 f"({', '.join(CHANNEL_CREDS)})"
             )
+        else:
+            for j, cred in enumerate(creds):
+                if isinstance(cred, dict) and cred.get("type") == "tls":
+                    problems += _tls_config_problems(
+                        f"{where}.channel_creds[{j}]", cred.get("config", {})
+                    )
         features = server.get("server_features", [])
         if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
             problems.append(f"{where}.server_features: must be a list of strings")

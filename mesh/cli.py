@@ -1,13 +1,18 @@
 """`tiermesh mesh ...`: serve the control plane, show its status, and generate what points at it.
 
 tiermesh mesh serve --topology FILE [--host H] [--port P]   ADS + admin + health; reloads FILE
+    [--insecure]                                             plaintext beyond loopback
 tiermesh mesh status [--json] [--address ADDR]               nodes, ACK/NACK, endpoints per tier
+    [--ca CA [--cert C --key K]] [--api-key KEY]             over TLS; a key with the admin scope
 tiermesh mesh bootstrap [--topology FILE] [--node-id ID]     gRPC xDS bootstrap JSON
+    [--ca CA [--cert C --key K]]                             ADS over TLS (mTLS with a certificate)
 tiermesh mesh bootstrap --validate FILE                      what a bootstrap file lacks
 tiermesh mesh envoy [--topology FILE]                        Envoy bootstrap JSON
 tiermesh mesh k8s [--topology FILE] [--service-monitor]      Kubernetes manifests (YAML)
 tiermesh mesh probe TARGET [--calls N]                       which backend answers, N calls
 
+`serve` reads its TLS, allowed ADS callers and API key file from TIERMESH_TLS_*,
+TIERMESH_ALLOWED_CALLERS and TIERMESH_KEYS_FILE (services/security/settings.py).
 Every command reads the same topology file (default: mesh/topology.yaml). Exit codes: 0 ok,
 1 the control plane did not answer, 2 a bad file or flag. Parses arguments and prints; the work
 is in the modules it calls. Imports grpc-heavy modules only inside the commands that need them.
@@ -21,11 +26,13 @@ import json
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from mesh.bootstrap import (
     BOOTSTRAP_CONFIG_ENV,
+    XdsTls,
     bootstrap_problems,
     envoy_bootstrap,
     grpc_bootstrap,
@@ -50,13 +57,21 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
-async def _serve(topology: Path, host: str, port: int) -> None:
+async def _serve(topology: Path, host: str, port: int, insecure: bool) -> None:
     require_extra("envoy", "the xDS control plane")
     from mesh.control_plane import start_control_plane
     from services.common.grpc_service import serve_until_signalled
+    from services.security.settings import ServiceSecurity
 
-    started = await start_control_plane(topology, host, port)
-    print(f"control plane serving ADS on {started.address} (topology {topology})", flush=True)
+    security = ServiceSecurity.from_env()
+    if insecure:
+        security = replace(security, insecure=True)
+    started = await start_control_plane(topology, host, port, security=security)
+    over = "TLS" if security.tls is not None else "plaintext"
+    print(
+        f"control plane serving ADS on {started.address} over {over} (topology {topology})",
+        flush=True,
+    )
 
     async def stop_watching() -> None:
         if started.watcher is not None:
@@ -77,7 +92,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host, _, port = topology.control_plane.rpartition(":")
         asyncio.run(
             _serve(
-                args.topology, args.host or host, port=int(port) if args.port is None else args.port
+                args.topology,
+                args.host or host,
+                port=int(port) if args.port is None else args.port,
+                insecure=args.insecure,
             )
         )
     except ConfigError as e:
@@ -92,10 +110,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     from mesh.admin import fetch_status, status_json, status_text
 
     address = args.address or _topology(args).control_plane
+    credentials = _client_credentials(args)
+    api_key = args.api_key or os.environ.get("TIERMESH_API_KEY")
     try:
-        status = fetch_status(address, args.timeout)
+        status = fetch_status(address, args.timeout, credentials, api_key)
     except grpc.RpcError as e:
-        return _fail(f"no answer from the control plane at {address}: {e.code().name}", 1)
+        return _fail(
+            f"no answer from the control plane at {address}: {e.code().name}: {e.details()}", 1
+        )
     print(status_json(status) if args.json else status_text(status))
     return 0
 
@@ -105,7 +127,12 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
         return _validate_bootstrap(args.validate)
     control_plane = args.control_plane or _topology(args).control_plane
     bootstrap = grpc_bootstrap(
-        control_plane, args.node_id, zone=args.zone, region=args.region, sub_zone=args.sub_zone
+        control_plane,
+        args.node_id,
+        zone=args.zone,
+        region=args.region,
+        sub_zone=args.sub_zone,
+        tls=_bootstrap_tls(args),
     )
     _print_json(bootstrap)
     return 0
@@ -164,6 +191,32 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tls_flags(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--ca", type=Path, help=f"CA file: {what} over TLS")
+    parser.add_argument("--cert", type=Path, help="client certificate (mTLS), with --key")
+    parser.add_argument("--key", type=Path, help="the client certificate's key")
+
+
+def _bootstrap_tls(args: argparse.Namespace) -> XdsTls | None:
+    if args.ca is None:
+        if args.cert or args.key:
+            raise ConfigError("--cert and --key need --ca")
+        return None
+    if (args.cert is None) != (args.key is None):
+        raise ConfigError("give both --cert and --key, or neither")
+    return XdsTls(args.ca, args.cert, args.key)
+
+
+def _client_credentials(args: argparse.Namespace) -> Any:
+    """Channel credentials from --ca/--cert/--key, or None for plaintext."""
+    tls = _bootstrap_tls(args)
+    if tls is None:
+        return None
+    from services.security.tls import TlsFiles, channel_credentials
+
+    return channel_credentials(TlsFiles(tls.ca, tls.cert, tls.key))
+
+
 def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=2))
 
@@ -196,6 +249,9 @@ def register(subparsers: Any) -> None:
     _with_topology(serve)
     serve.add_argument("--host", help="listen host (default: the topology's control_plane)")
     serve.add_argument("--port", type=int, help="listen port, 0 = any (default: the topology's)")
+    serve.add_argument(
+        "--insecure", action="store_true", help="allow plaintext on a non-loopback address"
+    )
     serve.set_defaults(func=cmd_serve)
 
     status = commands.add_parser("status", help="nodes, ACKed/NACKed versions, endpoints")
@@ -203,6 +259,8 @@ def register(subparsers: Any) -> None:
     status.add_argument("--address", help="control plane (default: the topology's)")
     status.add_argument("--json", action="store_true", help="the status message as JSON")
     status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait")
+    status.add_argument("--api-key", help="a key with the admin scope (default $TIERMESH_API_KEY)")
+    _tls_flags(status, "ask the control plane")
     status.set_defaults(func=_guarded(cmd_status))
 
     bootstrap = commands.add_parser("bootstrap", help="gRPC xDS bootstrap JSON for a client")
@@ -212,6 +270,7 @@ def register(subparsers: Any) -> None:
     bootstrap.add_argument("--region", default="", help="the client's locality region")
     bootstrap.add_argument("--zone", default="", help="the client's locality zone")
     bootstrap.add_argument("--sub-zone", default="", help="the client's locality sub-zone")
+    _tls_flags(bootstrap, "the client's ADS stream")
     bootstrap.add_argument(
         "--validate",
         type=Path,

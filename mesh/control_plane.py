@@ -24,7 +24,7 @@ from typing import Any
 from envoy.service.discovery.v3 import ads_pb2, ads_pb2_grpc  # type: ignore[import-untyped]
 from tiermesh.v1 import mesh_pb2, mesh_pb2_grpc
 
-from mesh.admin import MeshAdminServicer
+from mesh.admin import MeshAdminServicer, control_plane_interceptors
 from mesh.ads import AggregatedDiscoveryServicer
 from mesh.last_good import load_or_last_good, save_last_good
 from mesh.node_status import NodeStatusBook
@@ -34,6 +34,7 @@ from mesh.topology import Endpoint, Topology
 from mesh.topology_file import load_topology
 from services.common.errors import ConfigError
 from services.common.grpc_service import RunningServer, start_server
+from services.security.settings import ServiceSecurity
 
 log = logging.getLogger(__name__)
 
@@ -213,11 +214,15 @@ async def start_control_plane(
     *,
     topology: Topology | None = None,
     poll_interval_s: float = POLL_INTERVAL_S,
+    security: ServiceSecurity | None = None,
 ) -> RunningControlPlane:
     """Serves ADS + admin + health on host:port (0 = any free port). With `topology_path` the
     file is loaded (a bad first file is replaced by its last good version, else raises
     ConfigError) and watched; with `topology` that topology is published as is. Health is
-    SERVING once a snapshot is published."""
+    SERVING once a snapshot is published. `security` (TLS, allowed ADS callers, API keys for the
+    admin service) defaults to plaintext."""
+    security = security or ServiceSecurity()
+    security.check_listen(host, "control plane")
     plane = ControlPlane()
     if topology_path is not None:
         plane.load_at_start(topology_path)
@@ -230,7 +235,15 @@ async def start_control_plane(
         )
         mesh_pb2_grpc.add_MeshAdminServiceServicer_to_server(MeshAdminServicer(plane), server)
 
-    running = await start_server(host, port, register, [ADS_SERVICE, ADMIN_SERVICE])
+    running = await start_server(
+        host,
+        port,
+        register,
+        [ADS_SERVICE, ADMIN_SERVICE],
+        control_plane_interceptors(security, ADS_SERVICE, ADMIN_SERVICE),
+        security.server_credentials(),
+        security.reflection,
+    )
     await running.set_serving(True)
     started = RunningControlPlane(plane, running, host)
     if topology_path is not None:

@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 from rich.table import Table
 
+from mesh.bootstrap import XdsTls
 from services.common import env
 from services.common.config import TierConfig, load_config
 from services.common.errors import ConfigError
@@ -124,8 +125,9 @@ def plan_children(
     model folder is missing. `replicas` runs that many processes of a tier ("small", "small-2",
     ...; those past the first on free ports, metrics off), all given to the router. `secure`
     gives every child its TLS and key environment. `echo` runs echo tiers (no model)."""
+    xds_tls = secure.router_xds_tls() if secure is not None else None
     children = _plan_children(
-        base_port, models, device, run_dir, mesh, http_port, replicas, echo=echo
+        base_port, models, device, run_dir, mesh, http_port, replicas, xds_tls, echo=echo
     )
     if secure is not None:
         for child in children:
@@ -141,6 +143,7 @@ def _plan_children(
     mesh: bool,
     http_port: int | None,
     replicas: dict[str, int] | None,
+    xds_tls: XdsTls | None = None,
     echo: EchoSettings | None = None,
 ) -> list[Child]:
     if mesh and any(n > 1 for n in (replicas or {}).values()):
@@ -183,7 +186,7 @@ def _plan_children(
     router_env = None
     if mesh:
         control_plane, router_env, tier_targets = _plan_control_plane(
-            tier_ports, router_port, run_dir
+            tier_ports, router_port, run_dir, xds_tls
         )
         children.append(control_plane)
     children.append(_plan_gateway(base_port, http_port, router_address, run_dir))
@@ -213,10 +216,10 @@ def _plan_gateway(
 
 
 def _plan_control_plane(
-    tier_ports: dict[str, int], router_port: int, run_dir: Path
+    tier_ports: dict[str, int], router_port: int, run_dir: Path, xds_tls: XdsTls | None = None
 ) -> tuple[Child, dict[str, str], list[str]]:
     """The control plane child (on a topology written for these ports), the router's xDS
-    bootstrap environment, and the router's xds:/// tier targets."""
+    bootstrap environment (ADS over TLS with `xds_tls`), and the router's xds:/// targets."""
     from mesh.bootstrap import bootstrap_env
     from mesh.topology import dump_yaml, local_topology, xds_target
 
@@ -227,7 +230,8 @@ def _plan_control_plane(
     command = [sys.executable, "-m", "mesh", "serve", "--topology", str(path)]
     child = Child("control-plane", topology.control_plane, command, run_dir / "control-plane.log")
     targets = [arg for tier in tier_ports for arg in ("--tier", f"{tier}={xds_target(tier)}")]
-    return child, bootstrap_env(topology.control_plane, f"router~{router_port}"), targets
+    bootstrap = bootstrap_env(topology.control_plane, f"router~{router_port}", xds_tls)
+    return child, bootstrap, targets
 
 
 def wait_healthy(
@@ -365,9 +369,13 @@ def run_mesh(
         _print_addresses(children, run_dir, console, secure_run, credentials)
         if mesh:
             control_plane = next(c for c in children if c.name == "control-plane")
+            status = f"tiermesh mesh status --address {control_plane.address}"
+            if secure_run is not None:  # mTLS, and a key with the admin scope
+                ops = secure_run.files("launcher")
+                status += f" --ca {ops.ca} --cert {ops.cert} --key {ops.key} --api-key ADMIN_KEY"
             console.print(
                 f"mesh: router -> xds:///tier-NAME; topology {run_dir / 'logs' / 'topology.yaml'} "
-                f"(edits are served); tiermesh mesh status --address {control_plane.address}"
+                f"(edits are served); {status}"
             )
         if demo_prompt and not stop_requested:
             _demo(children[-1].address, demo_prompt, console, secure_run)

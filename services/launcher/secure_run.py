@@ -3,7 +3,9 @@ kept across runs, short-lived certificates for every service and for the launche
 the environment each child reads (services/security/settings.py): tiers accept only the
 router's identity, the router speaks TLS to clients (client certificates optional) and mTLS to
 the tiers and enforces the API keys in <run dir>/keys.json, the gateway calls the router with
-its own certificate. Knows files and environment variables only."""
+its own certificate; the control plane speaks mTLS, serves ADS to the router's certificate only
+(the router's xDS bootstrap carries it) and its admin service to keys with the admin scope.
+Knows files and environment variables only."""
 
 from __future__ import annotations
 
@@ -12,9 +14,11 @@ from pathlib import Path
 
 import grpc
 
+from mesh.bootstrap import XdsTls
+from mesh.topology import listener_name
 from services.common.tiers import TIER_NAMES
 from services.security.api_keys import create_key, load_keys, revoke_key
-from services.security.certs import CA_CERT, init_ca, issue
+from services.security.certs import CA_CERT, DEFAULT_HOSTS, init_ca, issue
 from services.security.tls import TlsFiles, channel_credentials
 
 ROUTER_ID = "spiffe://tiermesh/router"
@@ -50,7 +54,15 @@ class SecureRun:
         elif child == "router":
             env["TIERMESH_TLS_CLIENT_AUTH"] = "optional"
             env["TIERMESH_KEYS_FILE"] = str(self.keys_file)
+        elif child == "control-plane":  # mTLS; ADS for the router only, admin by an admin key
+            env["TIERMESH_ALLOWED_CALLERS"] = ROUTER_ID
+            env["TIERMESH_KEYS_FILE"] = str(self.keys_file)
         return env
+
+    def router_xds_tls(self) -> XdsTls:
+        """The router's ADS stream: mTLS with its own certificate (its xDS bootstrap)."""
+        files = self.files("router")
+        return XdsTls(files.ca, files.cert, files.key)
 
     def launcher_credentials(self) -> grpc.ChannelCredentials:
         """mTLS credentials of the launcher's own health checks (health is open to any verified
@@ -70,5 +82,9 @@ def prepare_secure_run(run_dir: Path, hours: float = 24.0) -> SecureRun:
     if not (certs / CA_CERT).exists():
         init_ca(certs)
     for name in SERVICES:
-        issue(certs, name, hours=hours)
+        tier = name.removeprefix("tier/")
+        # A tier behind the mesh is dialled as xds:///tier-NAME: its certificate names that
+        # host too, or the router's hostname check fails.
+        hosts = (*DEFAULT_HOSTS, listener_name(tier)) if tier in TIER_NAMES else DEFAULT_HOSTS
+        issue(certs, name, hours=hours, hosts=hosts)
     return SecureRun(certs, run_dir / "keys.json")

@@ -57,12 +57,19 @@ def _final_tokens(message: Any) -> int:
 
 
 class ApiKeyAuth(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Checks every call but health against `ring`, with the scope `scopes` names for its
-    method ("admin" for any other)."""
+    """Checks every call but health (and methods under `open_prefixes`, which another check
+    guards) against `ring`, with the scope `scopes` names for its method ("admin" for any
+    other)."""
 
-    def __init__(self, ring: KeyRing, scopes: Mapping[str, str] = ROUTER_SCOPES) -> None:
+    def __init__(
+        self,
+        ring: KeyRing,
+        scopes: Mapping[str, str] = ROUTER_SCOPES,
+        open_prefixes: tuple[str, ...] = (),
+    ) -> None:
         self.ring = ring
         self.scopes = scopes
+        self.open = (*OPEN_PREFIXES, *open_prefixes)
 
     async def intercept_service(
         self,
@@ -71,7 +78,7 @@ class ApiKeyAuth(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     ) -> Any:
         handler = await continuation(details)
         method: str = details.method
-        if handler is None or method.startswith(OPEN_PREFIXES):
+        if handler is None or method.startswith(self.open):
             return handler
         return self._guard(handler, method, self.scopes.get(method, "admin"))
 
