@@ -35,6 +35,7 @@ from services.bench.metrics import percentile, ratios_vs, summarise
 from services.bench.resources import ResourceMonitor, ServiceHandle
 from services.bench.scenarios import RequestSequence, Scenario, arrival_times, schedule_digest
 from services.common.tiers import TIER_NAMES
+from services.launcher.echo_tiers import EchoSettings
 from services.launcher.local_mesh import free_base_port, plan_children, stop_all, wait_healthy
 from services.workload import WorkloadItem
 
@@ -75,13 +76,19 @@ def own_mesh(
     device: str | None,
     log_dir: Path,
     console: Console,
+    echo: EchoSettings | None = None,
 ) -> Iterator[MeshTarget]:
-    """Starts the three tiers and the router as child processes and stops them on exit."""
+    """Starts the three tiers (echo tiers with `echo`) and the router as child processes and
+    stops them on exit."""
     from services.common.errors import ConfigError
 
     try:
         planned = plan_children(
-            free_base_port() if base_port is None else base_port, models, device, log_dir
+            free_base_port() if base_port is None else base_port,
+            models,
+            device,
+            log_dir,
+            echo=echo,
         )
         # the bench drives the router over gRPC: no HTTP gateway taking CPU beside it
         children = [child for child in planned if child.name != "gateway"]

@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
+from services.bench.cost_curve_cli import echo_settings, run_cost_curve_command
 from services.bench.costs import DEFAULT_PRICES, load_prices
 from services.bench.hybrid_bench import (
     BenchError,
@@ -84,6 +85,16 @@ def add_common_options(parser: argparse.ArgumentParser, *, sweep: bool) -> None:
     mesh.add_argument("--model", action="append", default=[], metavar="TIER=PATH")
     mesh.add_argument("--device", help="own mesh: device of every tier (cpu, cuda, cuda:N)")
     mesh.add_argument(
+        "--engine",
+        choices=("model", "echo"),
+        default="model",
+        help="own mesh: echo = tiers with no model (a deterministic answer at a set TTFT and rate)",
+    )
+    mesh.add_argument("--echo-ttft-ms", type=float, default=10.0, help="echo tiers' TTFT")
+    mesh.add_argument(
+        "--echo-tokens-per-s", type=float, default=100.0, help="echo tiers' tokens/s per stream"
+    )
+    mesh.add_argument(
         "--tier", action="append", default=[], metavar="TIER=ADDR", help="--router: tier to watch"
     )
     mesh.add_argument(
@@ -121,10 +132,27 @@ def register_hybrid(bench: argparse.ArgumentParser, kinds: Any) -> None:
     bench.add_argument("--url", help="--target openai: base URL, e.g. http://127.0.0.1:8080/v1")
     bench.set_defaults(func=cmd_bench)
     sweep = kinds.add_parser(
-        "sweep", help="closed loop at 1..64 clients, single vs hybrid: throughput by concurrency"
+        "sweep",
+        help="closed loop at 1..64 clients, single vs hybrid: throughput by concurrency; "
+        "--cost-curve: the router's cost at 1..1000 streams",
     )
     add_common_options(sweep, sweep=True)
-    sweep.add_argument("--clients", type=concurrency_levels, default=[1, 2, 4, 8, 16, 32, 64])
+    sweep.add_argument(
+        "--clients",
+        type=concurrency_levels,
+        help="levels (default 1,2,4,...,64; with --cost-curve 1,10,100,1000)",
+    )
+    curve = sweep.add_argument_group("cost curve (own mesh only)")
+    curve.add_argument(
+        "--cost-curve",
+        action="store_true",
+        help="per level: chats straight to a tier, then through one router, then through "
+        "--routers routers: chats/s, first-token overhead, router CPU per 1,000 chats, RSS, errors",
+    )
+    curve.add_argument("--cost-tier", choices=TIER_NAMES, default="small", help="tier pinned")
+    curve.add_argument(
+        "--routers", type=int, choices=range(1, 5), default=2, help="router processes (1-4)"
+    )
     sweep.add_argument(
         "--configs", type=configuration_names, default=["single", "hybrid"], help="compared"
     )
@@ -182,6 +210,7 @@ def mesh_target(args: argparse.Namespace, console: Console) -> Iterator[MeshTarg
             device=args.device,
             log_dir=log_dir,
             console=console,
+            echo=echo_settings(args),
         ) as target:
             yield target
         return
@@ -259,6 +288,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     console = report_console(args.json)
+    if args.cost_curve:
+        if args.router is not None:
+            console.print("[red]tiermesh bench sweep:[/red] --cost-curve starts its own mesh")
+            return 2
+        return run_cost_curve_command(args, console)
+    args.clients = args.clients or [1, 2, 4, 8, 16, 32, 64]
     try:
         args.sweep_warmup = args.warmup
         scenario = sweep_scenario(args, args.duration)

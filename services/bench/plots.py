@@ -1,5 +1,6 @@
-"""PNG plots of a benchmark: latency CDFs per configuration, throughput against concurrency, and
-cost against quality. Headless: figures are drawn with matplotlib's Agg canvas, never a window.
+"""PNG plots of a benchmark: latency CDFs per configuration, throughput against concurrency, cost
+against quality, and the router's cost curve (CPU per chat and overhead against concurrency).
+Headless: figures are drawn with matplotlib's Agg canvas, never a window.
 
 Knows the report's JSON shape and request records; nothing of how they were measured.
 """
@@ -101,4 +102,37 @@ def cost_vs_quality(report: Mapping[str, Any], path: Path) -> Path:
         axes.set_ylim(-0.02, 1.02)
         axes.set_title(f"cost vs quality ({profile})")
         axes.grid(True, alpha=0.3)
+    return _save(figure, path)
+
+
+def cost_curve(report: Mapping[str, Any], path: Path) -> Path:
+    """The router's cost curve: CPU milliseconds per chat (left) and first-token overhead p50
+    and p99 over the direct tier call (right) against concurrent streams, one colour per run
+    (one router, several)."""
+    figure = Figure(figsize=(10, 4))
+    levels = [row["clients"] for row in report["rows"]]
+    runs = [name for name in report["rows"][0] if name not in ("clients", "direct")]
+    colours = ("#2471a3", "#229954", "#c0392b")
+    cpu_axes = figure.add_subplot(1, 2, 1)
+    latency_axes = figure.add_subplot(1, 2, 2)
+    for index, name in enumerate(runs):
+        colour = colours[index % len(colours)]
+        cpu = [row[name]["router_cpu_s_per_1000_chats"] for row in report["rows"]]
+        cpu_axes.plot(levels, cpu, marker="o", color=colour, label=name)
+        for quantile, style in (("p50", "-"), ("p99", "--")):
+            values = [row[name]["overhead_ms"][quantile] for row in report["rows"]]
+            latency_axes.plot(
+                levels, values, style, marker="o", color=colour, label=f"{name} {quantile}"
+            )
+    for axes in (cpu_axes, latency_axes):
+        axes.set_xscale("log")
+        axes.set_xticks(levels, [str(level) for level in levels])
+        axes.xaxis.set_minor_formatter(NullFormatter())
+        axes.set_xlabel("concurrent streams (closed loop)")
+        axes.grid(True, alpha=0.3)
+        axes.legend()
+    cpu_axes.set_ylabel("router CPU ms per chat (= s per 1,000 chats)")
+    cpu_axes.set_title("router CPU per chat")
+    latency_axes.set_ylabel("ms over the direct tier call")
+    latency_axes.set_title("first-token overhead")
     return _save(figure, path)
