@@ -13,30 +13,9 @@ from tiermesh.client.requests import MODES
 from services.common import env
 from services.common.parent_watch import stop_with_parent
 from services.common.tiers import TIER_NAMES
+from services.launcher.run_options import model_overrides, replica_counts
 
 DEMO_PROMPT = "What is your return policy?"
-
-
-def _model_overrides(values: list[str]) -> dict[str, Path]:
-    models = {}
-    for value in values:
-        tier, _, path = value.partition("=")
-        if tier not in TIER_NAMES or not path:
-            raise SystemExit(f"tiermesh: --model expects TIER=PATH with TIER in {TIER_NAMES}")
-        models[tier] = Path(path)
-    return models
-
-
-def _replica_counts(value: str) -> dict[str, int]:
-    """`small=2,large=2` as {tier: processes}."""
-    counts = {}
-    for part in value.split(","):
-        tier, _, count = part.strip().partition("=")
-        if tier not in TIER_NAMES or not count.isdigit() or not 1 <= int(count) <= 8:
-            expected = "TIER=N[,TIER=N] with N in [1, 8]"
-            raise SystemExit(f"tiermesh: --replicas expects {expected}, got {part!r}")
-        counts[tier] = int(count)
-    return counts
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -50,13 +29,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     return run_mesh(
         base_port=args.base_port,
-        models=_model_overrides(args.model),
+        models=model_overrides(args.model),
         device=args.device,
         demo_prompt=None if args.no_demo else args.demo_prompt,
         mesh=args.mesh,
         secure=args.secure,
         http_port=args.http_port,
-        replicas=_replica_counts(args.replicas) if args.replicas else None,
+        replicas=replica_counts(args.replicas) if args.replicas else None,
         echo=echo,
     )
 

@@ -4,6 +4,7 @@ tiermesh run [--mesh]             start tiers + router (+ xDS control plane), sh
 tiermesh chat [--json] PROMPT     one chat through the router
 tiermesh models train|eval        the built-in model family (see services/training)
 tiermesh mesh serve|status|...    the xDS control plane and what points at it (see mesh/)
+tiermesh chaos [--faults ...]     seeded load + scheduled faults; lost tokens counted
 
 Every sub-command is listed in COMMANDS below: a module that fails to import fails the command
 line loudly instead of making its commands vanish.
@@ -18,6 +19,7 @@ from typing import Any
 
 from mesh import cli as mesh_cli
 from services.bench import cli as bench_cli
+from services.chaos import cli as chaos_cli
 from services.cli import trace_view
 from services.cli.chat_command import register_chat, register_run
 from services.common.extras import MissingExtra
@@ -32,6 +34,7 @@ COMMANDS: tuple[Callable[[Any], None], ...] = (
     trace_view.register,
     training_cli.register,
     bench_cli.register,
+    chaos_cli.register,
     routing_cli.register,
     mesh_cli.register,
     security_cli.register,

@@ -1,0 +1,94 @@
+"""What each chat streamed, kept per request id while the bench's load generator drives it: per
+revision its text, token ids, first and last delta times and how it ended, and the Final event.
+
+`RecordingClient` is the SDK's AsyncRouterClient with its event stream observed on the way to the
+caller (services.bench.loadgen reads the same events as it always does), so the chaos checks
+see every delta without a second load generator. Knows the SDK's events only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tiermesh.client import AsyncRouterClient, DeltaEvent, FinalEvent
+from tiermesh.client.events import Event, RevisionEndEvent, RevisionStartEvent
+
+
+@dataclass
+class RevisionTrace:
+    tier: str = ""
+    text_parts: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    first_delta_s: float | None = None  # perf_counter of its first and last deltas
+    last_delta_s: float | None = None
+    ended_s: float | None = None  # perf_counter of its RevisionEnd
+    finish_reason: str = ""
+    error: str = ""
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+
+@dataclass
+class StreamTrace:
+    """One chat as streamed: its revisions in order and its Final (None if it failed)."""
+
+    options: dict[str, Any]
+    revisions: dict[int, RevisionTrace] = field(default_factory=dict)
+    final: FinalEvent | None = None
+
+    def observe(self, event: Event, now: float) -> None:
+        if isinstance(event, RevisionStartEvent):
+            self.revisions[event.revision] = RevisionTrace(tier=event.tier)
+        elif isinstance(event, DeltaEvent):
+            revision = self.revisions.setdefault(event.revision, RevisionTrace())
+            revision.text_parts.append(event.text)
+            revision.token_ids.extend(event.token_ids)
+            if revision.first_delta_s is None:
+                revision.first_delta_s = now
+            revision.last_delta_s = now
+        elif isinstance(event, RevisionEndEvent):
+            revision = self.revisions.setdefault(event.revision, RevisionTrace())
+            revision.finish_reason, revision.error = event.finish_reason, event.error
+            revision.ended_s = now
+        elif isinstance(event, FinalEvent):
+            self.final = event
+
+    def failover_gaps_s(self) -> list[tuple[float, float | None]]:
+        """For each revision that broke (finish reason `error`) after streaming: the time from
+        its last delta to the first delta of the revision that replaced it, and the part of it
+        until the client was told the revision broke (its RevisionEnd)."""
+        gaps: list[tuple[float, float | None]] = []
+        ordered = [self.revisions[n] for n in sorted(self.revisions)]
+        for broken, after in itertools.pairwise(ordered):
+            if broken.finish_reason != "error" or broken.last_delta_s is None:
+                continue
+            if after.first_delta_s is not None:
+                told = None if broken.ended_s is None else broken.ended_s - broken.last_delta_s
+                gaps.append((after.first_delta_s - broken.last_delta_s, told))
+        return gaps
+
+
+class RecordingClient(AsyncRouterClient):
+    """An AsyncRouterClient that keeps a StreamTrace per request id (ids must be unique)."""
+
+    def __init__(self, address: str, **kwargs: Any) -> None:
+        super().__init__(address, **kwargs)
+        self.traces: dict[str, StreamTrace] = {}
+
+    async def chat_stream(
+        self, prompt: str | None = None, *, timeout: float | None = None, **options: Any
+    ) -> AsyncIterator[Event]:
+        trace = StreamTrace({"prompt": prompt, **options})
+        self.traces[str(options.get("request_id", ""))] = trace
+        async for event in super().chat_stream(prompt, timeout=timeout, **options):
+            trace.observe(event, time.perf_counter())
+            yield event
+
+    async def __aenter__(self) -> RecordingClient:
+        return self

@@ -1,0 +1,151 @@
+"""`tiermesh chaos`'s report: one JSON object (a contract: fields are only ever added) and its
+tables. The object's core is
+
+    {"faults": [{"kind", "target", "at_s", "recovered_ms", ...}],
+     "requests": {"sent", "completed", "failed": {status: n}},
+     "tokens": {"lost", "duplicated", ...}, "availability", "memory": {service: rss_peak_bytes}}
+
+`requests` and `availability` count the scenario's own load; an overload burst's extra
+requests are counted in its fault's entry. Knows the run's records; nothing of how they were made.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from services.bench.loadgen import RequestRecord
+from services.chaos.checks import TokenAccount
+from services.chaos.injector import FaultRecord
+from services.chaos.memory import MemoryWatch
+from services.chaos.recording import StreamTrace
+from services.common.percentiles import percentile
+
+OK = "OK"
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def _during(records: Sequence[RequestRecord], fault: FaultRecord) -> dict[str, Any]:
+    """The scenario's requests in flight at some point of the fault's window, by outcome."""
+    start, end = fault.at_s, fault.window_end_s()
+    overlapping = [
+        r
+        for r in records
+        if r.sent_at_s <= end and (r.finished_at_s is None or r.finished_at_s >= start)
+    ]
+    failed = Counter(r.status for r in overlapping if r.status != OK)
+    return {"in_flight_during": len(overlapping), "failed_during": dict(failed)}
+
+
+def build_report(
+    run: dict[str, Any],
+    records: Sequence[RequestRecord],
+    faults: Sequence[FaultRecord],
+    account: TokenAccount,
+    traces: Mapping[str, StreamTrace],
+    memory: MemoryWatch,
+) -> dict[str, Any]:
+    completed = sum(1 for r in records if r.status == OK)
+    failed = Counter(r.status for r in records if r.status != OK)
+    pairs = [pair for trace in traces.values() for pair in trace.failover_gaps_s()]
+    gaps = [gap * 1000 for gap, _ in pairs]
+    told = [t * 1000 for _, t in pairs if t is not None]
+    return {
+        "faults": [
+            {
+                "kind": f.kind,
+                "target": f.target,
+                "at_s": f.at_s,
+                "recovered_ms": f.recovered_ms,
+                **_during(records, f),
+                **f.detail,
+            }
+            for f in faults
+        ],
+        "requests": {"sent": len(records), "completed": completed, "failed": dict(failed)},
+        "tokens": account.to_json(),
+        "availability": round(completed / len(records), 5) if records else None,
+        "memory": dict(memory.peak),
+        "memory_detail": {
+            name: {"first": memory.first.get(name), "last": memory.last.get(name), "peak": peak}
+            for name, peak in memory.peak.items()
+        },
+        "failover": {
+            "count": len(gaps),
+            "gap_ms_p50": _ms(percentile(gaps, 0.50)),
+            "gap_ms_p99": _ms(percentile(gaps, 0.99)),
+            "gap_ms_max": _ms(max(gaps, default=None)),
+            "told_ms_p50": _ms(percentile(told, 0.50)),  # the part until RevisionEnd(error)
+            "told_ms_p99": _ms(percentile(told, 0.99)),
+        },
+        "run": run,
+    }
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 2**20:.0f}"
+
+
+def _fault_detail(fault: Mapping[str, Any]) -> str:
+    if "requests" in fault and isinstance(fault["requests"], dict) and "sent" in fault["requests"]:
+        statuses = ", ".join(f"{k} {v}" for k, v in fault["requests"]["statuses"].items())
+        return f"burst: {statuses}; refusals p99 {fault.get('refusal_ms_p99')} ms"
+    if "requests" in fault:
+        return "; ".join(f"{k}: {v}" for k, v in fault["requests"].items())
+    if "streams" in fault:
+        return f"{fault['streams']} streams never read"
+    if "processes" in fault:
+        mid = " mid-stream" if fault.get("streaming") else ""
+        return f"{', '.join(fault['processes'])}{mid}"
+    return ""
+
+
+def print_report(report: Mapping[str, Any], console: Console) -> None:
+    """The faults table, the requests and tokens summary, and the memory table."""
+    faults = Table(title="faults")
+    for column in ("kind", "target", "at s", "recovered ms", "in flight", "failed", "detail"):
+        faults.add_column(column)
+    for fault in report["faults"]:
+        failed = ", ".join(f"{k} {v}" for k, v in fault["failed_during"].items()) or "0"
+        recovered = fault["recovered_ms"]
+        faults.add_row(
+            fault["kind"],
+            fault["target"],
+            f"{fault['at_s']:.1f}",
+            "not recovered" if recovered is None else f"{recovered:.0f}",
+            str(fault["in_flight_during"]),
+            failed,
+            _fault_detail(fault),
+        )
+    console.print(faults)
+    requests, tokens, failover = report["requests"], report["tokens"], report["failover"]
+    failed = ", ".join(f"{k} {v}" for k, v in requests["failed"].items()) or "none"
+    console.print(
+        f"requests: sent {requests['sent']}, completed {requests['completed']}, failed {failed}; "
+        f"availability {report['availability']}"
+    )
+    console.print(
+        f"tokens: lost {tokens['lost']}, duplicated {tokens['duplicated']} over "
+        f"{tokens['checked_requests']} greedy answers compared with an unfaulted reference "
+        f"({tokens['unchecked_requests']} unchecked); final text != its deltas: "
+        f"{tokens['text_mismatches']}"
+    )
+    console.print(
+        f"failover: {failover['count']} broken revisions continued; gap from the last token "
+        f"before to the first after: p50 {failover['gap_ms_p50']} ms, p99 "
+        f"{failover['gap_ms_p99']} ms (of which until the broken revision's end: p50 "
+        f"{failover['told_ms_p50']} ms, p99 {failover['told_ms_p99']} ms)"
+    )
+    memory = Table(title="memory (RSS MiB)")
+    for column in ("service", "first", "last", "peak"):
+        memory.add_column(column)
+    for name, row in report["memory_detail"].items():
+        memory.add_row(name, _mib(row["first"]), _mib(row["last"]), _mib(row["peak"]))
+    console.print(memory)

@@ -1,0 +1,85 @@
+"""`tiermesh chaos`'s pure parts: the fault schedule, the token accounting against a reference
+and the failover gap read off a chat's recorded events."""
+
+from __future__ import annotations
+
+import pytest
+from tiermesh.client import DeltaEvent, FinalEvent
+from tiermesh.client.events import RevisionEndEvent, RevisionStartEvent
+
+from services.chaos.checks import account_tokens, token_diff
+from services.chaos.faults import (
+    FaultPlanError,
+    PlannedFault,
+    fault_targets,
+    parse_faults,
+    plan_faults,
+)
+from services.chaos.recording import StreamTrace
+
+PROCESSES = {"small": ["small", "small-2"], "medium": ["medium"], "large": ["large"]}
+
+
+def test_faults_take_turns_and_leave_the_end_of_the_run_quiet() -> None:
+    kinds = parse_faults("kill-tier,poison")
+    targets = {k: fault_targets(k, ("small", "large"), PROCESSES, mesh=False) for k in kinds}
+    plan = plan_faults(kinds, targets, duration_s=20, first_at_s=2, every_s=4, quiet_tail_s=5)
+    assert plan == [
+        PlannedFault("kill-tier", "small", 2),
+        PlannedFault("poison", "router", 6),
+        PlannedFault("kill-tier", "large", 10),
+        PlannedFault("poison", "router", 14),
+    ]
+
+
+def test_faults_that_cannot_be_injected_are_refused_with_the_reason() -> None:
+    with pytest.raises(FaultPlanError, match="unknown"):
+        parse_faults("kill-tier,meteor")
+    with pytest.raises(FaultPlanError, match="--mesh"):
+        fault_targets("control-plane", ("small",), PROCESSES, mesh=False)
+    with pytest.raises(FaultPlanError, match="--replicas"):
+        fault_targets("kill-replica", ("large",), PROCESSES, mesh=False)
+    assert fault_targets("kill-replica", ("small",), PROCESSES, mesh=False) == ["small", "small-2"]
+
+
+def test_token_diff_counts_lost_and_duplicated_tokens() -> None:
+    assert token_diff([1, 2, 3, 4], [1, 2, 3, 4]) == (0, 0)
+    assert token_diff([1, 2, 3, 4], [1, 2, 4]) == (1, 0)  # 3 lost
+    assert token_diff([1, 2, 3, 4], [1, 2, 3, 3, 4]) == (0, 1)  # 3 repeated
+
+
+def _trace(prompt: str, revisions: list[tuple[str, list[tuple[str, int]], str]]) -> StreamTrace:
+    """A chat streamed as `revisions`: (tier, [(text, token id)...], finish reason)."""
+    trace = StreamTrace({"prompt": prompt})
+    now = 0.0
+    for number, (tier, deltas, finish) in enumerate(revisions):
+        trace.observe(RevisionStartEvent(number, tier, number - 1 if number else None, 0), now)
+        for text, token in deltas:
+            now += 0.01
+            trace.observe(DeltaEvent(number, text, (token,)), now)
+        now += 0.1
+        trace.observe(RevisionEndEvent(number, finish, {}, ""), now)
+    last = len(revisions) - 1
+    text = "".join(t for t, _ in revisions[-1][1])
+    trace.observe(FinalEvent(last, revisions[-1][0], text, "", last + 1, [], {}), now)
+    return trace
+
+
+def test_answers_are_checked_against_the_reference_of_the_tier_that_answered() -> None:
+    traces = {
+        "whole": _trace("p", [("small", [("a", 1), ("b", 2)], "length")]),
+        "failed over": _trace(
+            "p",
+            [("small", [("a", 1)], "error"), ("medium", [("x", 7), ("y", 8)], "length")],
+        ),
+        "repeated": _trace("q", [("small", [("c", 3), ("c", 3), ("d", 4)], "length")]),
+        "no reference": _trace("r", [("large", [("z", 9)], "length")]),
+    }
+    references = {("p", "small"): [1, 2], ("p", "medium"): [7, 8], ("q", "small"): [3, 4]}
+    account = account_tokens(traces, references)
+    assert (account.checked, account.unchecked) == (3, 1)
+    assert (account.lost, account.duplicated) == (0, 1)
+    assert account.examples == ["repeated"]
+    assert account.text_mismatches == 0
+    gaps = traces["failed over"].failover_gaps_s()
+    assert len(gaps) == 1 and gaps[0][0] == pytest.approx(0.11) and gaps[0][1] == pytest.approx(0.1)
