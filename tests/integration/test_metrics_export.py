@@ -1,8 +1,10 @@
 """Metrics as a dashboard reads them: the Prometheus scrape of a real mesh after a few chats
 carries the GenAI histograms with their convention bucket boundaries (not the SDK's defaults),
-the Views spread samples over those buckets, and the OTLP/HTTP exporter and OTEL_SERVICE_NAME
-are honoured. Each check runs in its own process: OpenTelemetry providers are set once per
-process."""
+samples spread over several buckets, the GenAI attributes on every GenAI series (error.type on
+a failed chat, one model identity), the GenAI durations beside the tiermesh ones, and the span
+names of the same chats; the Views spread samples over those buckets, and the OTLP/HTTP
+exporter and OTEL_SERVICE_NAME are honoured. Each check runs in its own process: OpenTelemetry
+providers are set once per process."""
 
 from __future__ import annotations
 
@@ -45,33 +47,45 @@ def _free_port() -> int:
         return port
 
 
-def test_prometheus_scrape_after_chats_has_genai_buckets(tiny_model_dir: Path) -> None:
+def test_prometheus_scrape_after_chats_has_genai_buckets(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     port = _free_port()
+    trace_file = tmp_path / "traces.jsonl"
     scrape = _python(
         f"""
         import asyncio, urllib.request
         from pathlib import Path
         from services.common.telemetry import setup_telemetry
         from tests.integration.mesh import start_mesh
-        from tiermesh.client import AsyncRouterClient
+        from tiermesh.client import AsyncRouterClient, ChatError
 
         telemetry = setup_telemetry("tiermesh-test", prometheus_port={port})
 
         async def main():
-            mesh = await start_mesh(Path({str(tiny_model_dir)!r}))
+            # one request decodes at a time: the pinned chats sent together queue behind each
+            # other, so their times to first token and durations differ by whole answers
+            mesh = await start_mesh(Path({str(tiny_model_dir)!r}), tier_options={{
+                "max_running": 1}})
             try:
                 async with AsyncRouterClient(mesh.address) as client:
-                    for n in range(4):
-                        await client.chat("What is your return policy?" * (1 + n),
-                                          mode="pinned", tier="small", max_tokens=8)
+                    await asyncio.gather(*(
+                        client.chat("What is your return policy?" * (1 + n),
+                                    mode="pinned", tier="small", max_tokens=8 + 16 * n)
+                        for n in range(4)))
                     await client.chat("Hi", mode="progressive", max_tokens=8)
+                    try:
+                        await client.chat("Hi", mode="pinned", tier="small", max_tokens=100_000)
+                    except ChatError as e:
+                        assert e.code == "INVALID_ARGUMENT", e
             finally:
                 await mesh.stop()
 
         asyncio.run(main())
         print(urllib.request.urlopen("http://127.0.0.1:{port}/metrics").read().decode())
         telemetry.shutdown()
-        """
+        """,
+        env={"TIERMESH_TRACE_FILE": str(trace_file)},
     )
     ttft = re.findall(
         r'^gen_ai_server_time_to_first_token_seconds_bucket\{.*le="([^"]+)".*\} (\S+)$',
@@ -84,8 +98,12 @@ def test_prometheus_scrape_after_chats_has_genai_buckets(tiny_model_dir: Path) -
         r"^gen_ai_server_time_to_first_token_seconds_count\{.*\} (\S+)$", scrape, re.M
     )
     assert sum(float(c) for c in counts) == 6.0  # 4 pinned + a progressive draft and refinement
+    assert _occupied_buckets(scrape, "gen_ai_server_time_to_first_token_seconds") > 1
     tpot = re.findall(r'gen_ai_server_time_per_output_token_seconds_bucket\{.*le="([^"]+)"', scrape)
     assert sorted({float(le) for le in tpot if le != "+Inf"}) == list(TIME_PER_OUTPUT_TOKEN)
+
+    _assert_genai_series(scrape, tiny_model_dir.name)
+    _assert_span_names(trace_file)
 
     exported = set(re.findall(r"^# TYPE (\S+) ", scrape, re.M))
     for expr in _dashboard_queries():
@@ -93,6 +111,69 @@ def test_prometheus_scrape_after_chats_has_genai_buckets(tiny_model_dir: Path) -
         for name in re.findall(r"\b((?:tiermesh|gen_ai)_[a-z0-9_]+)", series):
             base = re.sub(r"_(bucket|sum|count)$", "", name)
             assert base in exported, f"dashboard query uses {name}, not exported: {expr}"
+
+
+def _series(scrape: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample of `name` in a scrape: its labels and value."""
+    samples = []
+    for labels, value in re.findall(rf"^{name}\{{(.*)\}} (\S+)$", scrape, re.M):
+        samples.append((dict(re.findall(r'(\w+)="([^"]*)"', labels)), float(value)))
+    return samples
+
+
+def _occupied_buckets(scrape: str, histogram: str) -> int:
+    """How many buckets of `histogram` (summed over its series) hold at least one sample."""
+    cumulative: dict[float, float] = {}
+    for labels, value in _series(scrape, f"{histogram}_bucket"):
+        le = float(labels["le"])
+        cumulative[le] = cumulative.get(le, 0.0) + value
+    counts = [cumulative[le] for le in sorted(cumulative)]
+    return sum(1 for before, now in zip([0.0, *counts], counts, strict=False) if now > before)
+
+
+def _assert_genai_series(scrape: str, model_name: str) -> None:
+    """The GenAI attributes on every GenAI series (the exporter writes an attribute a series
+    lacks as ""); the durations spread over several buckets; one model identity; error.type on
+    the refused chat (refused before routing: no model was asked for yet)."""
+    genai = sorted(set(re.findall(r"^(gen_ai_\w+?)_(?:bucket|sum|count)\{", scrape, re.M)))
+    assert {
+        "gen_ai_server_request_duration_seconds",
+        "gen_ai_client_operation_duration_seconds",
+        "gen_ai_server_time_to_first_token_seconds",
+        "gen_ai_server_time_per_output_token_seconds",
+        "gen_ai_client_token_usage",
+    } <= set(genai), genai
+    for histogram in genai:
+        for labels, _ in _series(scrape, f"{histogram}_count"):
+            assert labels["gen_ai_operation_name"] == "chat", (histogram, labels)
+            assert labels["gen_ai_provider_name"] == "tiermesh", (histogram, labels)
+            if labels.get("error_type"):
+                continue
+            assert labels["gen_ai_request_model"] in ("small", "medium", "large"), labels
+            model = f"{labels['gen_ai_request_model']}/{model_name}"
+            assert labels["gen_ai_response_model"] == model, (histogram, labels)
+    for histogram in ("gen_ai_server_request_duration_seconds",):
+        assert _occupied_buckets(scrape, histogram) > 1, histogram
+    calls = _series(scrape, "gen_ai_client_operation_duration_seconds_count")
+    assert sum(value for _, value in calls) >= 6.0  # the router's calls to the tiers
+    refused = [
+        labels
+        for labels, _ in _series(scrape, "gen_ai_server_request_duration_seconds_count")
+        if labels.get("error_type") == "INVALID_ARGUMENT"
+    ]
+    assert len(refused) == 1, refused
+
+
+def _assert_span_names(trace_file: Path) -> None:
+    """The same chats' spans: the GenAI ones named `chat <model>` by the router and the tiers."""
+    spans = [json.loads(line) for line in trace_file.read_text().splitlines() if line]
+    names = {span["name"] for span in spans}
+    assert {"chat small", "chat large", "router Chat"} <= names, names
+    for span in spans:
+        if span["name"].startswith("chat "):
+            attributes = span["attributes"]
+            assert span["name"] == f"chat {attributes['gen_ai.request.model']}", span
+            assert attributes["rpc.method"] == "tiermesh.v1.TierService/Generate", span
 
 
 def _dashboard_queries() -> list[str]:
