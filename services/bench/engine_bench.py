@@ -2,7 +2,8 @@
 Face `generate` (and transformers' own continuous batching when it runs), side by side in one
 run at several concurrency levels, on one model, in this process.
 
-Reports tokens/s, TTFT p50/p99 and time per output token per level, and the batch-1 decode
+Reports tokens/s, TTFT p50/p99 and time per output token per level, the engine's TTFT p99 at
+each level over its first level's (batch 1 when the levels start at 1), and the batch-1 decode
 rate against the memory-bandwidth bound. A folder written by `tiermesh models import` runs in
 the dtype it was imported in (as a tier serves it), any other in float32. Knows torch and the
 engine; nothing of gRPC.
@@ -294,4 +295,6 @@ def run_engine_bench(
             report[f"ratio_vs_generate_at_{level}"] = round(
                 ours.tokens_per_s / base.tokens_per_s, 3
             )
+        if ours and ours1 and ours1.ttft_ms_p99 > 0:  # TTFT p99 over the first level's
+            report[f"ttft_p99_ratio_at_{level}"] = round(ours.ttft_ms_p99 / ours1.ttft_ms_p99, 3)
     return report

@@ -2,8 +2,9 @@
 request together, one token per request per step, over a KV-cache pool allocated at start.
 
 A new request arrives with its pool slot already reserved (the engine reserves it when the
-request is admitted, so the loop never meets a full pool) and joins between steps, its prompt
-prefilled into that slot; a finished or stopped one leaves at once and frees its slot. One
+request is admitted, so the loop never meets a full pool) and joins between steps: the requests
+waiting then are prefilled together, in one forward pass over their prompts packed end to end,
+within a token budget; a finished or stopped one leaves at once and frees its slot. One
 request's own failure (non-finite logits, sampling, detokenising) fails that request alone: the
 rest of the batch goes on. Knows torch and an architecture's pooled passes (pooled_models.py:
 GPT-2, the Llama family); nothing of asyncio or gRPC: results leave through each request's
@@ -103,9 +104,9 @@ class BatchScheduler:
         self._loaded = loaded
         self._passes = passes
         self._pool = pool
-        # Between two decode steps, waiting requests are prefilled while their prompt tokens
-        # fit this budget (at least one): a burst starts together, yet running streams are
-        # never stalled for long by a queue of long prompts.
+        # Between two decode steps, waiting requests are prefilled together, in one forward, while
+        # their prompt tokens fit this budget (at least one): a burst starts together, yet
+        # running streams are never stalled for long by a queue of long prompts.
         self._prefill_budget = prefill_tokens_per_step
         self._inbox: queue.Queue[Sequence] = queue.Queue(maxsize=pool.slots)
         self._active: dict[int, Sequence] = {}  # slot -> sequence
@@ -113,6 +114,8 @@ class BatchScheduler:
         self._done: Future[None] | None = None
         self.steps = 0
         self.batched_tokens = 0
+        self.prefills = 0  # prefill forward passes
+        self.prefilled_requests = 0  # requests they prefilled
         self.busy = BusyWindow()  # prefill and decode time: the loop's utilisation
         self.poison_hook: PoisonHook | None = None
 
@@ -122,7 +125,9 @@ class BatchScheduler:
         CPU), so the first request does not. Call on the torch thread before start()."""
         slot = self._pool.acquire()
         try:
-            self._passes.prefill(self._loaded.model, self._pool, slot, [0])
+            self._passes.prefill(
+                self._loaded.model, self._pool, self._pool.prefill_batch([slot], [[0]])
+            )
             self._passes.decode_step(self._loaded.model, self._pool, [slot], [0])
         finally:
             self._pool.release(slot)
@@ -144,23 +149,14 @@ class BatchScheduler:
         while not self._closing.is_set():
             try:
                 self._drop_stopped()
+                waiting: list[Sequence] = []
                 if not self._active:
                     try:
-                        first = self._inbox.get(timeout=0.05)
+                        waiting.append(self._inbox.get(timeout=0.05))
                     except queue.Empty:
                         continue
-                    started = time.monotonic()
-                    self._admit(first)
-                else:
-                    started = time.monotonic()
-                budget = self._prefill_budget
-                while budget > 0:
-                    try:
-                        sequence = self._inbox.get_nowait()
-                    except queue.Empty:
-                        break
-                    budget -= len(sequence.prepared.prompt_ids)
-                    self._admit(sequence)
+                started = time.monotonic()
+                self._admit(self._take_waiting(waiting))
                 if self._active:
                     self._step()
                 self.busy.add(started, time.monotonic())
@@ -178,6 +174,19 @@ class BatchScheduler:
                 break
             sequence.sink.close()
             self._release(sequence)
+
+    def _take_waiting(self, waiting: list[Sequence]) -> list[Sequence]:
+        """`waiting` and then the inbox's requests while their prompt tokens fit the prefill
+        budget (at least one request)."""
+        budget = self._prefill_budget - sum(len(s.prepared.prompt_ids) for s in waiting)
+        while budget > 0:
+            try:
+                sequence = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            budget -= len(sequence.prepared.prompt_ids)
+            waiting.append(sequence)
+        return waiting
 
     def _drop_stopped(self) -> None:
         for sequence in list(self._active.values()):
@@ -198,26 +207,45 @@ class BatchScheduler:
         sequence.sink.fail(error)
         self._finish(sequence)
 
-    def _admit(self, sequence: Sequence) -> None:
-        if sequence.stop.is_set():
-            sequence.sink.close()
-            self._release(sequence)
+    def _admit(self, waiting: list[Sequence]) -> None:
+        """Prefills the waiting requests together and chooses their first tokens. When the
+        batched forward fails, each is prefilled alone, so a failure stays with its request."""
+        sequences = []
+        for sequence in waiting:
+            if sequence.stop.is_set():
+                sequence.sink.close()
+                self._release(sequence)
+                continue
+            sampling = sequence.prepared.sampling
+            if not sampling.greedy and sampling.seed is not None:
+                device = self._loaded.device
+                sequence.generator = torch.Generator(device=device).manual_seed(sampling.seed)
+            self._active[sequence.slot] = sequence
+            sequences.append(sequence)
+        if not sequences:
             return
-        sampling = sequence.prepared.sampling
-        if not sampling.greedy and sampling.seed is not None:
-            device = self._loaded.device
-            sequence.generator = torch.Generator(device=device).manual_seed(sampling.seed)
-        self._active[sequence.slot] = sequence
-        try:
-            logits = self._passes.prefill(
-                self._loaded.model, self._pool, sequence.slot, list(sequence.prepared.prompt_ids)
-            )
-        except Exception as e:
-            log.exception("prefill of %s failed", sequence.prepared.request_id)
-            self._fail(sequence, RequestFailed(f"prefill failed: {e!r}"))
-            return
+        if len(sequences) > 1:
+            try:
+                self._choose(sequences, self._prefill(sequences))
+                return
+            except Exception:
+                log.exception("batched prefill of %d requests failed: one by one", len(sequences))
+        for sequence in sequences:
+            try:
+                self._choose([sequence], self._prefill([sequence]))
+            except Exception as e:
+                log.exception("prefill of %s failed", sequence.prepared.request_id)
+                self._fail(sequence, RequestFailed(f"prefill failed: {e!r}"))
+
+    def _prefill(self, sequences: list[Sequence]) -> torch.Tensor:
+        batch = self._pool.prefill_batch(
+            [s.slot for s in sequences], [list(s.prepared.prompt_ids) for s in sequences]
+        )
+        logits = self._passes.prefill(self._loaded.model, self._pool, batch)  # (B, V)
         self._pool.note_use()
-        self._choose([sequence], logits[None, :])
+        self.prefills += 1
+        self.prefilled_requests += len(sequences)
+        return logits
 
     def _step(self) -> None:
         slots = list(self._active)

@@ -1,5 +1,5 @@
 """GPT-2 forward passes that read and write a KvCachePool: batched decode of many sequences
-at different lengths in one step, and prefill of one prompt into its slot.
+at different lengths in one step, and batched prefill of several prompts into their slots.
 
 Uses the weights of a transformers GPT2LMHeadModel as they are; knows nothing of tokenizers,
 sampling, requests or gRPC. Matches transformers' own GPT-2 forward (eval mode, no dropout).
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from services.tier.kv_pool import KvCachePool
+from services.tier.kv_pool import KvCachePool, PrefillBatch
 
 MODEL_TYPES = frozenset({"gpt2"})
 
@@ -47,26 +47,28 @@ def _split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def prefill(model: Any, pool: KvCachePool, slot: int, prompt_ids: list[int]) -> torch.Tensor:
-    """Runs the prompt through the model into `slot`; returns the last position's logits (V,)."""
+def prefill(model: Any, pool: KvCachePool, batch: PrefillBatch) -> torch.Tensor:
+    """Runs the batch's prompts, packed into one sequence of N tokens, into their slots; returns
+    each prompt's last-position logits (B, V). Linear layers see all N tokens at once; each
+    prompt attends causally within itself only."""
     gpt = model.transformer
     heads, width = model.config.n_head, model.config.n_embd
-    device = gpt.wte.weight.device
-    steps = len(prompt_ids)
-    tokens = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, T)
-    positions = torch.arange(steps, device=device)[None, :]  # (1, T)
-    x = gpt.wte(tokens) + gpt.wpe(positions)  # (1, T, C)
+    x = gpt.wte(batch.tokens) + gpt.wpe(batch.positions)  # (1, N, C)
     for layer, block in enumerate(gpt.h):
-        q, k, v = block.attn.c_attn(block.ln_1(x)).split(width, dim=2)  # 3 x (1, T, C)
-        q, k, v = (_split_heads(t, heads) for t in (q, k, v))  # (1, nh, T, hs)
-        pool.store_prompt(layer, slot, k, v)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (1, nh, T, hs)
-        y = y.transpose(1, 2).reshape(1, steps, width)  # (1, T, C)
+        q, k, v = block.attn.c_attn(block.ln_1(x)).split(width, dim=2)  # 3 x (1, N, C)
+        q, k, v = (_split_heads(t, heads) for t in (q, k, v))  # (1, nh, N, hs)
+        parts = []
+        for row, (start, end) in enumerate(batch.segments):
+            qs, ks, vs = q[:, :, start:end], k[:, :, start:end], v[:, :, start:end]  # (1,nh,T,hs)
+            pool.store_prompt(layer, batch, row, ks, vs)
+            parts.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True))
+        y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)  # (1, nh, N, hs)
+        y = y.transpose(1, 2).reshape(1, -1, width)  # (1, N, C)
         x = x + block.attn.c_proj(y)
         x = x + block.mlp(block.ln_2(x))
-    pool.finish_prompt(slot, steps)
-    last = gpt.ln_f(x[:, -1:])  # (1, 1, C)
-    logits: torch.Tensor = model.lm_head(last)[0, 0]  # (V,)
+    pool.finish_prompts(batch)
+    last = gpt.ln_f(x[0, batch.last])  # (B, C)
+    logits: torch.Tensor = model.lm_head(last)  # (B, V)
     return logits
 
 

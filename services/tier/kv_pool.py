@@ -1,7 +1,9 @@
 """A KV-cache pool allocated once per model: fixed slots, each holding one sequence's keys and
 values up to a maximum length, so memory never grows with load. Also the bookkeeping every
-pooled architecture shares: storing a prompt's keys, and one decode step's batch view (write
-each row's new position, read each row's window, the mask for rows shorter than the window).
+pooled architecture shares: several prompts packed into one prefill (PrefillBatch: which
+positions belong to which slot, storing each prompt's keys), and one decode step's batch view
+(write each row's new position, read each row's window, the mask for rows shorter than the
+window).
 
 Knows tensor shapes only: nothing of models' weights, requests or gRPC. acquire() and release()
 are thread-safe (a slot is reserved when a request is admitted, on the event loop, and freed by
@@ -20,6 +22,23 @@ import torch
 class PoolFull(Exception):
     """No free slot; the caller waits or sheds the request (admission reserves a slot before a
     request reaches the batch loop, so the loop itself never meets a full pool)."""
+
+
+@dataclass(frozen=True)
+class PrefillBatch:
+    """Several prompts packed end to end into one sequence of N positions, each prompt
+    restarting at position 0: the linear layers run once over all N tokens, attention runs per
+    prompt (segment), so each prompt's result is the one it gets alone."""
+
+    slots: list[int]
+    tokens: torch.Tensor  # (1, N) every prompt's ids, one after another
+    positions: torch.Tensor  # (1, N) each token's position within its own prompt
+    segments: list[tuple[int, int]]  # per prompt: [start, end) within the N positions
+    last: torch.Tensor  # (B,) the index of each prompt's last token within the N positions
+
+    @property
+    def size(self) -> int:
+        return len(self.slots)
 
 
 @dataclass(frozen=True)
@@ -96,15 +115,37 @@ class KvCachePool:
     def note_use(self) -> None:
         self.peak_tokens = max(self.peak_tokens, self.used_tokens)
 
-    def store_prompt(self, layer: int, slot: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Writes one prompt's keys and values (1, nkv, T, hs) at positions [0, T) of `slot`;
-        the slot's length is set by finish_prompt once every layer is written."""
-        steps = keys.shape[2]
+    def prefill_batch(self, slots: list[int], prompts: list[list[int]]) -> PrefillBatch:
+        """The packed view of one prefill: prompts[i] (never empty) goes into slots[i]."""
+        segments, start = [], 0
+        for prompt in prompts:
+            if not prompt or len(prompt) > self.max_len:
+                raise ValueError(f"prompt of {len(prompt)} tokens for slots of {self.max_len}")
+            segments.append((start, start + len(prompt)))
+            start += len(prompt)
+        ids = [token for prompt in prompts for token in prompt]
+        positions = [p for prompt in prompts for p in range(len(prompt))]
+        device = self.device
+        return PrefillBatch(
+            slots=slots,
+            tokens=torch.tensor([ids], dtype=torch.long, device=device),  # (1, N)
+            positions=torch.tensor([positions], dtype=torch.long, device=device),  # (1, N)
+            segments=segments,
+            last=torch.tensor([end - 1 for _, end in segments], device=device),  # (B,)
+        )
+
+    def store_prompt(
+        self, layer: int, batch: PrefillBatch, row: int, keys: torch.Tensor, values: torch.Tensor
+    ) -> None:
+        """Writes prompt `row`'s keys and values (1, nkv, T, hs) at positions [0, T) of its
+        slot; the slot's length is set by finish_prompts once every layer is written."""
+        slot, steps = batch.slots[row], keys.shape[2]
         self.keys[layer, slot, :, :steps] = keys[0]
         self.values[layer, slot, :, :steps] = values[0]
 
-    def finish_prompt(self, slot: int, steps: int) -> None:
-        self.lengths[slot] = steps
+    def finish_prompts(self, batch: PrefillBatch) -> None:
+        for slot, (start, end) in zip(batch.slots, batch.segments, strict=True):
+            self.lengths[slot] = end - start
 
     def decode_batch(self, slots: list[int]) -> DecodeBatch:
         """The view of one decode step over `slots`: positions, window and mask."""

@@ -1,5 +1,6 @@
 """Llama-family forward passes that read and write a KvCachePool: batched decode of many
-sequences at different lengths in one step, and prefill of one prompt into its slot.
+sequences at different lengths in one step, and batched prefill of several prompts into their
+slots.
 
 The Llama architecture: RMSNorm, rotary position embeddings (the model's own rotary module, so
 the config's rope_theta and static rope scaling hold), grouped-query attention (the pool keeps
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from services.tier.kv_pool import KvCachePool
+from services.tier.kv_pool import KvCachePool, PrefillBatch
 
 MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 # rope types whose frequencies are fixed at load; "dynamic" and "longrope" change them with the
@@ -81,25 +82,30 @@ def _qkv(
 
 
 @torch.inference_mode()
-def prefill(model: Any, pool: KvCachePool, slot: int, prompt_ids: list[int]) -> torch.Tensor:
-    """Runs the prompt through the model into `slot`; returns the last position's logits (V,)."""
+def prefill(model: Any, pool: KvCachePool, batch: PrefillBatch) -> torch.Tensor:
+    """Runs the batch's prompts, packed into one sequence of N tokens, into their slots; returns
+    each prompt's last-position logits (B, V). Linear layers see all N tokens at once; each
+    prompt attends causally within itself only, rotated by its own positions."""
     llama = model.model
-    device = llama.embed_tokens.weight.device
-    steps = len(prompt_ids)
-    tokens = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, T)
-    x = llama.embed_tokens(tokens)  # (1, T, C)
-    cos, sin = llama.rotary_emb(x, torch.arange(steps, device=device)[None, :])  # (1, T, hs)
+    x = llama.embed_tokens(batch.tokens)  # (1, N, C)
+    cos, sin = llama.rotary_emb(x, batch.positions)  # (1, N, hs)
     for layer, block in enumerate(llama.layers):
         attention = block.self_attn
-        q, k, v = _qkv(attention, block.input_layernorm(x), cos, sin)
-        pool.store_prompt(layer, slot, k, v)
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=attention.scaling, enable_gqa=True
-        )  # (1, nh, T, hs)
-        x = x + attention.o_proj(y.transpose(1, 2).reshape(1, steps, -1))  # (1, T, C)
+        q, k, v = _qkv(attention, block.input_layernorm(x), cos, sin)  # (1, nh|nkv, N, hs)
+        parts = []
+        for row, (start, end) in enumerate(batch.segments):
+            qs, ks, vs = q[:, :, start:end], k[:, :, start:end], v[:, :, start:end]
+            pool.store_prompt(layer, batch, row, ks, vs)
+            parts.append(
+                F.scaled_dot_product_attention(
+                    qs, ks, vs, is_causal=True, scale=attention.scaling, enable_gqa=True
+                )
+            )  # (1, nh, T, hs)
+        y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)  # (1, nh, N, hs)
+        x = x + attention.o_proj(y.transpose(1, 2).reshape(1, x.shape[1], -1))  # (1, N, C)
         x = x + block.mlp(block.post_attention_layernorm(x))
-    pool.finish_prompt(slot, steps)
-    logits: torch.Tensor = model.lm_head(llama.norm(x[:, -1:]))[0, 0]  # (V,)
+    pool.finish_prompts(batch)
+    logits: torch.Tensor = model.lm_head(llama.norm(x[0, batch.last]))  # (B, V)
     return logits
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from services.tier.kv_pool import KvCachePool
+from services.tier.kv_pool import KvCachePool, PrefillBatch
 
 
 @dataclass(frozen=True)
@@ -24,8 +24,8 @@ class PooledPasses:
     architecture: str  # the config's model_type
     # (model, slots, max_len) -> the pool, allocated once
     create_pool: Callable[[Any, int, int], KvCachePool]
-    # (model, pool, slot, prompt ids) -> logits of the last prompt position (V,)
-    prefill: Callable[[Any, KvCachePool, int, list[int]], torch.Tensor]
+    # (model, pool, prompts packed for their slots) -> each prompt's last-position logits (B, V)
+    prefill: Callable[[Any, KvCachePool, PrefillBatch], torch.Tensor]
     # (model, pool, slots, one token per slot) -> logits (B, V); every slot grows by one
     decode_step: Callable[[Any, KvCachePool, list[int], list[int]], torch.Tensor]
 

@@ -1,0 +1,114 @@
+"""Batched prefill on real tiny checkpoints (GPT-2, and Llama-family models with grouped-query
+attention): prompts prefilled together in one packed forward give the same logits and the
+same greedy tokens as each prompt prefilled alone, and a burst of requests to the engine is
+prefilled in shared passes with every answer equal to decoding it alone."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.common.config import TierConfig
+from services.tier.decode import decode_tokens
+from services.tier.engine import GenerationRequest, Sampling
+from services.tier.kv_pool import KvCachePool
+from services.tier.model_loading import load_causal_lm
+from services.tier.pooled_models import PooledPasses, pooled_passes
+from services.tier.tokenizer_loading import encode_prompt
+from services.tier.torch_engine import TorchEngine
+from tests.tiny_llama import build_tiny_llama
+
+PROMPTS = [
+    "What is your return policy?",
+    "How much does the blue kettle cost?",
+    "Hi",
+    "Shipping is free on orders over 50 dollars. Delivery takes 3 to 5 days. When?",
+    "The total for 2 mugs",
+    "Hello, thank you",
+]
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama", "qwen2"])
+def model_dir(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
+) -> Path:
+    if request.param == "gpt2":
+        return tiny_model_dir
+    folder = tmp_path_factory.mktemp(request.param)
+    options = (
+        {"model_type": "qwen2", "tie_word_embeddings": False} if request.param == "qwen2" else {}
+    )
+    return build_tiny_llama(folder, tiny_model_dir, seed=5, **options)  # type: ignore[arg-type]
+
+
+def _greedy(
+    model: object, passes: PooledPasses, pool: KvCachePool, logits: torch.Tensor, steps: int
+) -> list[list[int]]:
+    """Greedy tokens from prefill logits (B, V), decoding slots 0..B-1 together."""
+    slots = list(range(logits.shape[0]))
+    tokens = logits.argmax(dim=-1).tolist()
+    out = [[t] for t in tokens]
+    for _ in range(steps):
+        tokens = passes.decode_step(model, pool, slots, tokens).argmax(dim=-1).tolist()
+        for row, token in zip(out, tokens, strict=True):
+            row.append(token)
+    return out
+
+
+def test_packed_prefill_equals_one_prompt_at_a_time(model_dir: Path) -> None:
+    loaded = load_causal_lm(model_dir)
+    passes = pooled_passes(loaded.model, 128)
+    assert not isinstance(passes, str)
+    prompts = [encode_prompt(loaded.tokenizer, p) for p in PROMPTS]
+    slots = list(range(len(prompts)))
+    together = passes.create_pool(loaded.model, len(prompts), 128)
+    batched = passes.prefill(loaded.model, together, together.prefill_batch(slots, prompts))
+    alone_pool = passes.create_pool(loaded.model, len(prompts), 128)
+    alone = torch.cat(
+        [
+            passes.prefill(loaded.model, alone_pool, alone_pool.prefill_batch([s], [p]))
+            for s, p in zip(slots, prompts, strict=True)
+        ]
+    )  # (B, V)
+    assert batched.shape == alone.shape == (len(prompts), batched.shape[1])
+    torch.testing.assert_close(batched, alone, rtol=1e-4, atol=1e-4)
+    assert together.lengths == alone_pool.lengths == [len(p) for p in prompts]
+    torch.testing.assert_close(together.keys, alone_pool.keys, rtol=1e-4, atol=1e-4)
+    assert _greedy(loaded.model, passes, together, batched, 12) == _greedy(
+        loaded.model, passes, alone_pool, alone, 12
+    )
+
+
+async def test_a_burst_is_prefilled_together_and_answers_as_alone(model_dir: Path) -> None:
+    config = TierConfig(name="large", model_path=model_dir, max_running=6, max_queued=0)
+    engine = TorchEngine(config)
+    await engine.start()
+
+    async def collect(request: GenerationRequest) -> list[int]:
+        return [t async for chunk in engine.generate(request) for t in chunk.token_ids]
+
+    try:
+        requests = [
+            GenerationRequest(request_id=f"r{i}", prompt=p, max_tokens=10)
+            for i, p in enumerate(PROMPTS)
+        ]
+        results = await asyncio.gather(*(collect(r) for r in requests))
+    finally:
+        await engine.shutdown()
+    scheduler = engine._scheduler
+    assert scheduler is not None
+    assert scheduler.prefilled_requests == len(PROMPTS)
+    assert scheduler.prefills < len(PROMPTS)  # some prompts shared a prefill pass
+    loaded = load_causal_lm(model_dir)
+    for request, tokens in zip(requests, results, strict=True):
+        alone = decode_tokens(
+            loaded.model,
+            encode_prompt(loaded.tokenizer, request.prompt),
+            max_new_tokens=request.max_tokens,
+            sampling=Sampling(),
+            eos_token_ids=loaded.eos_token_ids,
+        )
+        assert tokens == [t for t, _ in alone], request.prompt
