@@ -147,6 +147,11 @@ def tier_processes(children: Sequence[Child]) -> dict[str, list[str]]:
     return processes
 
 
+def quiet_tail_s(options: ChaosOptions) -> float:
+    """The end of the load when no fault starts, so that the run ends recovered."""
+    return min(options.hold_s, options.duration_s / 4)
+
+
 def scenario_of(options: ChaosOptions) -> Scenario:
     return build_scenario(
         options.scenario,
@@ -175,7 +180,7 @@ async def run_chaos(
             options.duration_s,
             options.first_fault_s,
             options.fault_every_s,
-            quiet_tail_s=min(options.hold_s, options.duration_s / 4),
+            quiet_tail_s=quiet_tail_s(options),
         )
         router = next(child.address for child in children if child.name == "router")
         memory = MemoryWatch(children)
@@ -191,7 +196,7 @@ async def run_chaos(
             memory.sample()
     account = account_tokens(result.client.traces, references, greedy=True)
     return build_report(
-        run_json(options, scenario),
+        run_json(options, scenario, result.skipped),
         result.records,
         result.faults,
         account,
@@ -200,9 +205,14 @@ async def run_chaos(
     )
 
 
-def run_json(options: ChaosOptions, scenario: Scenario) -> dict[str, Any]:
-    """The report's `run` entry: what was asked for."""
+def run_json(
+    options: ChaosOptions, scenario: Scenario, skipped: Sequence[PlannedFault]
+) -> dict[str, Any]:
+    """The report's `run` entry: what was asked for, and the faults left out."""
     return {
+        "faults_skipped": [
+            {"kind": f.kind, "target": f.target, "planned_at_s": f.at_s} for f in skipped
+        ],
         "scenario": scenario.to_json(),
         "mode": options.mode,
         "engine": "echo" if options.echo is not None else "model",
@@ -221,6 +231,7 @@ class _Driven:
     client: RecordingClient
     records: list[RequestRecord]
     faults: list[FaultRecord]
+    skipped: list[PlannedFault]  # their target was still recovering until the load's end
 
 
 async def _drive(
@@ -271,6 +282,8 @@ async def _drive(
     injector.start = base.start
 
     busy: dict[str, asyncio.Event] = {}  # a target with a fault not yet recovered from
+    skipped: list[PlannedFault] = []
+    latest_s = options.duration_s - quiet_tail_s(options)
 
     async def inject_at(fault: PlannedFault) -> None:
         """At its time, or once a fault still running on the same target has ended."""
@@ -279,6 +292,9 @@ async def _drive(
             await asyncio.sleep(delay)
         while (running := busy.get(fault.target)) is not None:
             await running.wait()
+        if injector.now() > latest_s:  # its target was busy until the load's quiet end
+            skipped.append(fault)
+            return
         busy[fault.target] = done = asyncio.Event()
         try:
             faults.append(await injector.inject(fault))
@@ -302,7 +318,7 @@ async def _drive(
         ticking.cancel()
         if ticker is not None:
             ticker(base.now(), options.duration_s, base.counters, faults)
-    return _Driven(client, records, faults)
+    return _Driven(client, records, faults, skipped)
 
 
 async def _all_serving(children: list[Child], timeout_s: float = 180.0) -> None:
