@@ -7,7 +7,13 @@ does, the second with TIERMESH_TRACE_FILE set, then runs all request kinds inter
 machine noise hits them alike. Prints p50/p99 and the p50 overheads; `--json` adds one JSON
 object as the last line.
 
+`--compare-src DIR` also starts a router from the source tree in DIR (another checkout, e.g.
+`git archive <commit> services mesh | tar -x -C DIR`) on the first copy's tiers, and measures
+it in the same interleaved rounds: before/after numbers of a router change from one run.
+`--echo` runs echo tiers (no model, 10 ms TTFT) instead of the models.
+
     .venv/bin/python scripts/hop_latency.py [--requests 200] [--model PATH] [--json]
+        [--compare-src DIR] [--echo]
 """
 
 from __future__ import annotations
@@ -45,8 +51,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def router_command(port: int, tiers: dict[str, int]) -> list[str]:
+    router = [sys.executable, "-m", "services.router", "--port", str(port)]
+    router += ["--metrics-port", "0"]
+    router += ["--tier", f"small=127.0.0.1:{tiers['small']}"]
+    router += ["--tier", f"medium=127.0.0.1:{tiers['small']}"]
+    router += ["--tier", f"large=127.0.0.1:{tiers['large']}"]
+    return router
+
+
+def echo_config(tier: str, directory: Path) -> Path:
+    """An echo tier config (no model), 10 ms TTFT, 200 tokens/s."""
+    from services.launcher.echo_tiers import EchoSettings, write_echo_config
+
+    source = ROOT / "services" / f"tier_{tier}" / "config.toml"
+    return write_echo_config(source, directory, EchoSettings(ttft_ms=10.0, tokens_per_s=200.0))
+
+
 def start_services(
-    models: dict[str, Path | None], env: dict[str, str]
+    models: dict[str, Path | None], env: dict[str, str], echo_dir: Path | None = None
 ) -> tuple[list[subprocess.Popen[bytes]], dict[str, int]]:
     ports = {"small": free_port(), "large": free_port(), "router": free_port()}
     commands = []
@@ -54,18 +77,20 @@ def start_services(
         command = [sys.executable, "-m", f"services.tier_{tier}", "--port", str(ports[tier])]
         command += ["--metrics-port", "0"]
         model = models.get(tier)
-        commands.append(command + (["--model", str(model)] if model else []))
-    router = [sys.executable, "-m", "services.router", "--port", str(ports["router"])]
-    router += ["--metrics-port", "0"]
-    router += ["--tier", f"small=127.0.0.1:{ports['small']}"]
-    router += ["--tier", f"medium=127.0.0.1:{ports['small']}"]
-    router += ["--tier", f"large=127.0.0.1:{ports['large']}"]
-    commands.append(router)
-    procs = [
-        subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for c in commands
-    ]
+        if echo_dir is not None:
+            command += ["--config", str(echo_config(tier, echo_dir))]
+        elif model:
+            command += ["--model", str(model)]
+        commands.append(command)
+    commands.append(router_command(ports["router"], ports))
+    procs = [start(c, env) for c in commands]
     return procs, ports
+
+
+def start(command: list[str], env: dict[str, str], cwd: Path = ROOT) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 def main() -> int:
@@ -74,15 +99,22 @@ def main() -> int:
     parser.add_argument("--model", type=Path, help="small-tier model (default: its config's)")
     parser.add_argument("--refine-model", type=Path, help="large-tier model (default: config's)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--compare-src", type=Path, help="also a router from this source tree")
+    parser.add_argument("--echo", action="store_true", help="echo tiers instead of the models")
     args = parser.parse_args()
     console = Console(stderr=args.json)
     models = {"small": args.model, "large": args.refine_model}
     plain = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TIERMESH_TRACE"))}
     with tempfile.TemporaryDirectory() as tmp:
         traced = {**plain, "TIERMESH_TRACE_FILE": str(Path(tmp) / "spans.jsonl")}
-        procs_a, ports_a = start_services(models, plain)
-        procs_b, ports_b = start_services(models, traced)
+        echo_dir = Path(tmp) if args.echo else None
+        procs_a, ports_a = start_services(models, plain, echo_dir)
+        procs_b, ports_b = start_services(models, traced, echo_dir)
         procs = procs_a + procs_b
+        if args.compare_src is not None:
+            ports_a["compare"] = free_port()
+            source = args.compare_src.resolve()
+            procs.append(start(router_command(ports_a["compare"], ports_a), plain, source))
         try:
             deadline = time.monotonic() + 180
             for port in [*ports_a.values(), *ports_b.values()]:
@@ -126,6 +158,12 @@ def measure(
         "router, pinned small, tracing on": lambda i: router_b.Chat(pinned),
         "router, progressive draft": lambda i: router_a.Chat(progressive),
     }
+    if "compare" in ports_a:
+        router_c = router_pb2_grpc.RouterServiceStub(
+            grpc.insecure_channel(f"127.0.0.1:{ports_a['compare']}")
+        )
+        kinds["compared router, pinned small"] = lambda i: router_c.Chat(pinned)
+        kinds["compared router, progressive draft"] = lambda i: router_c.Chat(progressive)
     results: dict[str, list[float]] = {name: [] for name in kinds}
     with console.status("measuring…") as status:
         for i in range(-10, n):  # the first 10 rounds warm up and are not counted

@@ -3,10 +3,13 @@ their chunks into revisions, yielding each event as it happens.
 
 States: routed (RouteDecision sent) -> a revision streaming (RevisionStart, Delta..., RevisionEnd)
 -> maybe another revision -> final (exactly one Final), or failed (UpstreamFailed raised, no
-Final). ROUTED and PINNED stream one tier as revision 0. PROGRESSIVE starts the draft and refine
-tiers together, streams the draft as revision 0, then the refinement as revision 1 replacing it;
-if the refinement fails or runs over its budget, the draft is the answer. Every upstream call
-still running when the session ends (client gone, error, deadline) is cancelled.
+Final). The first tier call is started before RouteDecision is written, so the two overlap.
+ROUTED and PINNED stream one tier as revision 0. PROGRESSIVE starts the draft tier, streams it as
+revision 0 and starts the refine tier once the draft's first delta is out (or the draft ended
+without one), so the refinement's prefill never delays the draft; the refinement then streams
+as revision 1 replacing the draft; if it fails or runs over its budget, the draft is the answer.
+Every upstream call still running when the session ends (client gone, error, deadline) is
+cancelled.
 
 Failover: a failed call moves on to another replica of its tier while one is left untried,
 then along the plan's `fallbacks` (each tier at most once). One that fails before its first
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -79,12 +82,12 @@ class ChatSession:
         self._calls: list[TierCall] = []
         self._reported: set[str] = set()  # request ids of the calls reported ended
         self._racing: list[asyncio.Future[Any]] = []  # first-chunk reads still in flight
+        self._routed = False  # RouteDecision yielded
 
     async def events(self) -> AsyncGenerator[SessionEvent, None]:
         """The chat's events, RouteDecision first and Final last; raises UpstreamFailed. Closing
         the iterator early (the client left) cancels every upstream call."""
         try:
-            yield router_pb2.ChatEvent(route=self._plan.decision)
             if self._plan.mode == router_pb2.MODE_PROGRESSIVE:
                 async for event in self._progressive():
                     yield event
@@ -107,6 +110,12 @@ class ChatSession:
         """The timeout of a tier call: the client's deadline, else the configured default."""
         remaining = self._client_remaining_s()
         return self._call_timeout_s if remaining is None else remaining
+
+    def _route(self) -> Iterator[router_pb2.ChatEvent]:
+        """RouteDecision, once: right after the first tier call is started."""
+        if not self._routed:
+            self._routed = True
+            yield router_pb2.ChatEvent(route=self._plan.decision)
 
     def _opening(self, tier: str) -> TierCallOpening:
         return TierCallOpening(tier, tier_request_id(self._plan.request_id, tier))
@@ -145,6 +154,8 @@ class ChatSession:
         opening = self._opening(plan.tiers[0])
         yield opening
         call = self._open(opening, self._remaining_s())
+        for route in self._route():
+            yield route
         chunks = call.chunks()
         reason = f"answered by {call.tier}"
         if plan.fallback_tier and plan.first_token_timeout_s > 0:
@@ -236,6 +247,8 @@ class ChatSession:
             opening = self._opening(plan.tiers[0])
             yield opening
             call = self._open(opening, self._remaining_s())
+            for route in self._route():
+                yield route
             async for event in self._alone(call, "no draft", self._remaining_s):
                 yield event
             return
@@ -243,14 +256,20 @@ class ChatSession:
         opening = self._opening(draft_tier)
         yield opening
         draft = self._open(opening, self._remaining_s())
-        refine = None
-        if plan.gate != "cascade":
+        for route in self._route():
+            yield route
+        refines: list[TierCall] = []
+
+        def start_refine() -> Iterator[SessionEvent]:
             opening = self._opening(refine_tier)
             yield opening
-            refine = self._open(opening, self._refine_timeout_s())
+            refines.append(self._open(opening, self._refine_timeout_s()))
+
         first = RevisionOutcome()
-        async for event in self._stream_revision(draft, 0, None, first):
+        after_first = start_refine if plan.gate != "cascade" else None
+        async for event in self._stream_revision(draft, 0, None, first, after_first=after_first):
             yield event
+        refine = refines[0] if refines else None
         if first.complete and plan.gate != "always" and draft.confidence >= plan.min_confidence:
             verdict = "cancelled" if refine is not None else "skipped"
             reason = (
@@ -333,9 +352,12 @@ class ChatSession:
         previous: str | None,
         outcome: RevisionOutcome,
         chunks: Chunks | None = None,
+        after_first: Callable[[], Iterator[SessionEvent]] | None = None,
     ) -> AsyncIterator[SessionEvent]:
         """Relays one tier call as a revision. Nothing is sent if the call fails before its first
-        chunk; a replacing revision holds its text until its kept prefix is known."""
+        chunk; a replacing revision holds its text until its kept prefix is known. The events of
+        `after_first` come right after the revision's first delta is out (never if it has
+        none)."""
         kept = KeptPrefix(previous) if previous is not None else None
         held: list[tier_pb2.GenerateChunk] = []
         replaces = revision - 1 if previous is not None else None
@@ -353,6 +375,9 @@ class ChatSession:
                     keep = kept.at_end() if decided is None else decided
                 yield self._begin(call, revision, replaces, keep, outcome)
                 yield delta(revision, "".join(c.text for c in held), held)
+                if after_first is not None:
+                    for event in after_first():
+                        yield event
             if not outcome.started:
                 keep = kept.at_end() if kept is not None else 0
                 yield self._begin(call, revision, replaces, keep, outcome)

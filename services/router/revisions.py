@@ -52,6 +52,14 @@ def revision_start(
 
 
 def delta(revision: int, text: str, chunks: list[tier_pb2.GenerateChunk]) -> router_pb2.ChatEvent:
+    """One Delta of the chunks' tokens; a single chunk's are copied once, into the message."""
+    if len(chunks) == 1:
+        only = chunks[0]
+        return router_pb2.ChatEvent(
+            delta=router_pb2.Delta(
+                revision=revision, text=text, token_ids=only.token_ids, logprobs=only.logprobs
+            )
+        )
     token_ids = [t for chunk in chunks for t in chunk.token_ids]
     logprobs = [p for chunk in chunks for p in chunk.logprobs]
     return router_pb2.ChatEvent(

@@ -100,7 +100,8 @@ async def test_routed_streams_one_revision() -> None:
     assert call.request.request_id.startswith("r1/medium/") and call.request.max_tokens == 16
     assert call.metadata == [("traceparent", "00-abc-def-01")]
     assert ended(events) == {"medium": "OK"} and refinement(events) == []
-    assert isinstance(events[1], TierCallOpening)  # announced before the call starts
+    # announced before the call starts, and started before RouteDecision is written
+    assert isinstance(events[0], TierCallOpening) and kinds(events)[0] == "route"
 
 
 async def test_routed_relays_the_tiers_error_code() -> None:
@@ -271,6 +272,20 @@ async def test_cascade_skips_the_refinement_for_a_confident_draft() -> None:
     assert refinement(events) == ["skipped"]
 
 
+async def test_progressive_starts_the_refinement_after_the_drafts_first_delta() -> None:
+    channels = FakeTierChannels({"small": answer(DRAFT), "large": answer(["The price is $6"])})
+    events = await run(plan(router_pb2.MODE_PROGRESSIVE, ("small", "large")), channels)
+    openings = [(i, e.tier) for i, e in enumerate(events) if isinstance(e, TierCallOpening)]
+    first_delta = next(
+        i
+        for i, e in enumerate(events)
+        if isinstance(e, router_pb2.ChatEvent) and e.HasField("delta")
+    )
+    assert [tier for _, tier in openings] == ["small", "large"]
+    assert openings[0][0] == 0 and openings[1][0] == first_delta + 1  # the draft goes first
+    assert (final(events).revision, final(events).tier) == (1, "large")
+
+
 async def test_cascade_starts_the_refinement_after_an_unsure_draft() -> None:
     channels = FakeTierChannels(
         {"small": answer(DRAFT, logprob=-2.0), "large": answer(["The price is $6"])}
@@ -291,14 +306,17 @@ async def test_cascade_starts_the_refinement_after_an_unsure_draft() -> None:
 async def test_client_leaving_cancels_both_upstream_calls() -> None:
     channels = FakeTierChannels(
         {
-            "small": answer(["a", "b", "c"], every_s=SLOW_S),
+            "small": answer(["a", "b", "c"], every_s=0.2),
             "large": answer(["x"], first_after_s=SLOW_S),
         }
     )
     events = session(plan(router_pb2.MODE_PROGRESSIVE, ("small", "large")), channels).events()
+    deltas = 0
     async for event in events:
         if isinstance(event, router_pb2.ChatEvent) and event.HasField("delta"):
-            break
+            deltas += 1
+            if deltas == 2:  # the refinement started after the first
+                break
     await events.aclose()  # what the servicer does when the client goes away
     assert channels.call("small").cancelled
     assert channels.call("large").cancelled
