@@ -8,6 +8,7 @@ Knows gRPC and the tier contract; knows nothing of revisions, routing policy or 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from typing import Protocol
@@ -17,7 +18,27 @@ from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
 
 from services.common import grpc_service
 
-CHANNEL_OPTIONS = [("grpc.enable_retries", 0), *grpc_service.CHANNEL_OPTIONS]
+CHANNEL_OPTIONS = grpc_service.CHANNEL_OPTIONS
+# gRPC's own retries (gRFC A6) of a tier call on the same target: they happen only before the
+# tier's first response (its headers or first chunk), so a retried call never repeats a token.
+# With an xds:/// target the mesh's route sets the policy (the topology's `retry`); with plain
+# addresses this default does: one retry of UNAVAILABLE after 0-25 ms (the topology's default).
+# The router's own failover (chat_session) then moves a call that still fails to another
+# replica or tier; it never calls the same target again, so no layer repeats the other's work.
+PLAIN_RETRY_POLICY = {
+    "maxAttempts": 2,
+    "initialBackoff": "0.025s",
+    "maxBackoff": "0.25s",
+    "backoffMultiplier": 2,
+    "retryableStatusCodes": ["UNAVAILABLE"],
+}
+PLAIN_SERVICE_CONFIG = json.dumps(
+    {
+        "methodConfig": [
+            {"name": [{"service": "tiermesh.v1.TierService"}], "retryPolicy": PLAIN_RETRY_POLICY}
+        ]
+    }
+)
 
 
 class GenerateStream(Protocol):
@@ -72,10 +93,18 @@ def split_targets(target: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in target.split(",") if part.strip())
 
 
+def channel_options(target: str) -> list[tuple[str, int | str]]:
+    """A tier channel's options: keepalive, and the plain-address retry policy unless the mesh
+    gives the policy (an xds:/// target)."""
+    if target.startswith("xds:"):
+        return list(CHANNEL_OPTIONS)
+    return [*CHANNEL_OPTIONS, ("grpc.service_config", PLAIN_SERVICE_CONFIG)]
+
+
 def _channel(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
     if credentials is None:
-        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-    return grpc.aio.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
+        return grpc.aio.insecure_channel(target, options=channel_options(target))
+    return grpc.aio.secure_channel(target, credentials, options=channel_options(target))
 
 
 class TierChannels:
