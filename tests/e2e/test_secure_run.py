@@ -10,9 +10,13 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from services.launcher.local_mesh import free_base_port
 from tests.e2e.run_process import ROOT, TIERMESH, tiermesh_run
 from tests.tiny_model import build_tiny_model
+
+pytestmark = pytest.mark.timeout(400)  # five or six processes start on a busy 2-core machine
 
 
 def _tiermesh(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -59,3 +63,40 @@ def test_secure_run_keys_tls_and_refusals(tiny_model_dir: Path, tmp_path: Path) 
         plaintext = _tiermesh([*chat, "--api-key", key], env)
         error = json.loads(plaintext.stdout.splitlines()[-1])
         assert plaintext.returncode == 1 and error["code"] == "UNAVAILABLE"
+
+
+def test_secure_run_with_the_mesh_serves_xds_over_mtls(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`--secure --mesh`: the router gets its tiers from the control plane over mTLS (its xDS
+    bootstrap's `tls` channel credentials) and answers; the control plane's status needs an
+    admin key."""
+    base = free_base_port()
+    run_dir = tmp_path / "run"
+    env = {"TIERMESH_RUN_DIR": str(run_dir)}
+    models = [a for t in ("small", "medium", "large") for a in ("--model", f"{t}={tiny_model_dir}")]
+    args = ["--secure", "--mesh", "--base-port", str(base), *models]
+    certs = run_dir / "certs"
+    ca = certs / "ca.pem"
+    with tiermesh_run(args, env) as (_process, output):
+        printed = "".join(output)
+        assert "--api-key ADMIN_KEY" in printed
+        chat_key = _tiermesh(["keys", "create", "--name", "app", "--scopes", "chat"], env)
+        admin_key = _tiermesh(["keys", "create", "--name", "ops", "--scopes", "admin"], env)
+        chat = ["chat", "--router", f"localhost:{base}", "--json", "--mode", "pinned"]
+        chat += ["--tier", "small", "--max-tokens", "8", "--ca", str(ca), "Where is my order?"]
+        answered = _tiermesh([*chat, "--api-key", chat_key.stdout.strip()], env)
+        assert answered.returncode == 0, answered.stdout + answered.stderr
+        assert json.loads(answered.stdout.splitlines()[-1])["type"] == "final"
+
+        status = ["mesh", "status", "--json", "--address", f"127.0.0.1:{base + 30}"]
+        status += ["--ca", str(ca), "--cert", str(certs / "launcher.pem")]
+        status += ["--key", str(certs / "launcher-key.pem")]
+        shown = _tiermesh([*status, "--api-key", admin_key.stdout.strip()], env)
+        assert shown.returncode == 0, shown.stderr
+        (router,) = [
+            n for n in json.loads(shown.stdout)["nodes"] if n["node_id"].startswith("router")
+        ]
+        assert {t["state"] for t in router["types"]} == {"ACKED"}
+        denied = _tiermesh([*status, "--api-key", chat_key.stdout.strip()], env)
+        assert denied.returncode == 1 and "PERMISSION_DENIED" in denied.stderr
