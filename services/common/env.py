@@ -8,6 +8,7 @@
 | TIERMESH_TORCH_THREADS | torch intra-op threads per tier process (overrides the config) | unset |
 | TIERMESH_TRACE_FILE | JSON-lines span file of every service | `tiermesh run`: in run dir |
 | TIERMESH_METRICS_HOST | address the Prometheus /metrics endpoints bind to | 127.0.0.1 |
+| TIERMESH_TRUST_TRACE_CONTEXT | `1`: the router continues callers' trace context, baggage | no |
 | OTEL_EXPORTER_OTLP_ENDPOINT | OTLP receiver for traces and metrics | unset: no OTLP |
 | OTEL_EXPORTER_OTLP_PROTOCOL | `grpc` or `http/protobuf` (or per signal: _TRACES_, ...) | grpc |
 | OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES | override the service name / add attributes | unset |

@@ -64,6 +64,25 @@ def extract_context(metadata: Sequence[tuple[str, Any]] | None) -> Context:
     return propagate.extract(carrier)
 
 
+TRUST_TRACE_CONTEXT_ENV = "TIERMESH_TRUST_TRACE_CONTEXT"
+
+
+def edge_context(
+    metadata: Sequence[tuple[str, Any]] | None,
+) -> tuple[Context, list[trace.Link]]:
+    """The parent context and links of a span that starts at the mesh's edge (the router's
+    Chat), where callers come from outside: their `traceparent`, `tracestate` and `baggage`
+    are not trusted unless TIERMESH_TRUST_TRACE_CONTEXT=1. Untrusted, the span starts a new
+    trace (an empty context, no baggage) and keeps the caller's span as a link, so the two
+    traces can still be joined; trusted, it continues the caller's trace. Inside the mesh
+    (router -> tier) `extract_context` continues the trace as before."""
+    context = extract_context(metadata)
+    if os.environ.get(TRUST_TRACE_CONTEXT_ENV) == "1":
+        return context, []
+    caller = trace.get_current_span(context).get_span_context()
+    return Context(), [trace.Link(caller)] if caller.is_valid else []
+
+
 class JsonLinesSpanExporter(SpanExporter):
     """Appends one JSON object per finished span to a file (what `tiermesh trace` reads).
 

@@ -30,8 +30,8 @@ from services.common.genai_conventions import (
     span_name,
 )
 from services.common.telemetry import (
+    edge_context,
     end_span,
-    extract_context,
     inject_metadata,
     meter,
     rpc_attributes,
@@ -147,10 +147,12 @@ class ChatTelemetry:
     at the end, and hands it every session event in between (observe)."""
 
     def __init__(self, metadata: Sequence[tuple[str, Any]] | None) -> None:
+        context, links = edge_context(metadata)  # callers' trace context trusted only if set
         self.span = tracer().start_span(
             "router Chat",
-            context=extract_context(metadata),
+            context=context,
             kind=SpanKind.SERVER,
+            links=links,
             attributes={
                 **rpc_attributes("tiermesh.v1.RouterService/Chat"),
                 **genai_attributes(""),

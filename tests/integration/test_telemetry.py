@@ -11,13 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry import baggage
+from opentelemetry import context as otel_context
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from tiermesh.client import AsyncRouterClient, ChatError
 
-from services.common.telemetry import setup_telemetry
+from services.common.telemetry import TRUST_TRACE_CONTEXT_ENV, setup_telemetry
 from tests.integration.mesh import Mesh, leave_after_first_delta, start_mesh
 
 PROMPT = "What is your return policy?"
@@ -40,7 +42,11 @@ def spans(captured: tuple[InMemorySpanExporter, InMemoryMetricReader]) -> Iterat
 
 
 @pytest.fixture
-async def mesh(tiny_model_dir: Path, spans: Any) -> AsyncIterator[Mesh]:
+async def mesh(
+    tiny_model_dir: Path, spans: Any, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Mesh]:
+    """A mesh whose router trusts its callers' trace context (the SDK's span is its parent)."""
+    monkeypatch.setenv(TRUST_TRACE_CONTEXT_ENV, "1")
     mesh = await start_mesh(
         tiny_model_dir, tier_options={"max_tokens": 400}, router_options={"max_tokens": 400}
     )
@@ -132,6 +138,39 @@ async def test_cancelled_stream_spans_end_promptly_as_cancelled(
         assert (span.attributes or {})["error.type"] == "CANCELLED"
     sdk = by_name(finished, "chat", SpanKind.CLIENT)
     assert (sdk.attributes or {})["rpc.response.status_code"] == "CANCELLED"
+
+
+async def test_the_router_starts_a_new_trace_for_an_untrusted_caller(
+    tiny_model_dir: Path, spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without TIERMESH_TRUST_TRACE_CONTEXT the caller's trace context and baggage stop at the
+    router: its Chat span is a new root that links to the caller's span, and the trace goes on
+    inside the mesh (router -> tier) as before."""
+    monkeypatch.delenv(TRUST_TRACE_CONTEXT_ENV, raising=False)
+    options = {"draft_tier": "small", "refine_tier": "small"}
+    mesh = await start_mesh(tiny_model_dir, tiers=("small",), router_options=options)
+    try:
+        token = otel_context.attach(baggage.set_baggage("tenant", "someone-else"))
+        try:
+            async with AsyncRouterClient(mesh.address) as client:
+                await client.chat(PROMPT, mode="pinned", tier="small", max_tokens=4)
+        finally:
+            otel_context.detach(token)
+        await asyncio.sleep(0.1)  # the tier ends its spans after the last message is sent
+    finally:
+        await mesh.stop()
+    finished = spans.get_finished_spans()
+    sdk = by_name(finished, "chat", SpanKind.CLIENT)
+    chat = by_name(finished, "router Chat", SpanKind.SERVER)
+    assert chat.parent is None and chat.context.trace_id != sdk.context.trace_id
+    assert [link.context.span_id for link in chat.links] == [sdk.context.span_id]
+    assert [link.context.trace_id for link in chat.links] == [sdk.context.trace_id]
+    client_span = by_name(finished, "chat small", SpanKind.CLIENT)
+    server_span = by_name(finished, "chat small", SpanKind.SERVER)
+    assert client_span.parent is not None and client_span.parent.span_id == chat.context.span_id
+    assert server_span.parent is not None
+    assert server_span.parent.span_id == client_span.context.span_id
+    assert server_span.context.trace_id == chat.context.trace_id
 
 
 def _metric_points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
