@@ -20,9 +20,15 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import ClassVar
 
+import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from services.common.metric_views import TIME_PER_OUTPUT_TOKEN, TIME_TO_FIRST_TOKEN
+from services.common.metric_views import (
+    REQUEST_DURATION,
+    TIME_PER_OUTPUT_TOKEN,
+    TIME_TO_FIRST_TOKEN,
+)
+from tests.integration.gateway_mesh import GatewayMesh
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -174,6 +180,39 @@ def _assert_span_names(trace_file: Path) -> None:
             attributes = span["attributes"]
             assert span["name"] == f"chat {attributes['gen_ai.request.model']}", span
             assert attributes["rpc.method"] == "tiermesh.v1.TierService/Generate", span
+
+
+def test_gateway_metrics_have_its_router_calls_with_the_genai_attributes(
+    tiny_model_dir: Path,
+) -> None:
+    gateway = GatewayMesh.start(tiny_model_dir)
+    try:
+        for stream in (False, True):
+            body = {"model": "tiermesh-small", "messages": [{"role": "user", "content": "Hi"}]}
+            response = httpx.post(
+                f"{gateway.url}/v1/chat/completions",
+                json={**body, "max_tokens": 4, "stream": stream},
+                timeout=60,
+            )
+            assert response.status_code == 200, response.text
+        scrape = httpx.get(f"{gateway.url}/metrics").text
+    finally:
+        gateway.stop()
+    calls = _series(scrape, "gen_ai_client_operation_duration_seconds_count")
+    assert [labels for labels, _ in calls] == [
+        {
+            "gen_ai_operation_name": "chat",
+            "gen_ai_provider_name": "tiermesh",
+            "gen_ai_request_model": "tiermesh-small",  # what the gateway's client asked for
+            "gen_ai_response_model": f"small/{tiny_model_dir.name}",
+            "error_type": "",
+        }
+    ]
+    assert calls[0][1] == 2.0
+    buckets = _series(scrape, "gen_ai_client_operation_duration_seconds_bucket")
+    assert sorted({float(labels["le"]) for labels, _ in buckets if labels["le"] != "+Inf"}) == list(
+        REQUEST_DURATION
+    )
 
 
 def _dashboard_queries() -> list[str]:
