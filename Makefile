@@ -67,8 +67,9 @@ models: setup  ## train the built-in model family, then routing labels and the p
 	$(BIN)/tiermesh route label --splits dev,test
 	$(BIN)/tiermesh route train
 
-bench: setup  ## router-hop and tracing latency, engine batching, hybrid vs single
+bench: setup  ## router-hop, tracing and mTLS latency, engine batching, hybrid vs single
 	$(BIN)/python scripts/hop_latency.py
+	$(BIN)/python scripts/mtls_cost.py
 	$(BIN)/tiermesh bench engine
 	$(BIN)/tiermesh bench --scenario long-tail --out report/
 
