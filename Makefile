@@ -67,11 +67,15 @@ models: setup  ## train the built-in model family, then routing labels and the p
 	$(BIN)/tiermesh route label --splits dev,test
 	$(BIN)/tiermesh route train
 
-bench: setup  ## router-hop, tracing and mTLS latency, engine batching, hybrid vs single
+bench: setup  ## router-hop, tracing and mTLS latency, engine batching, hybrid vs single, router cost curves
 	$(BIN)/python scripts/hop_latency.py
 	$(BIN)/python scripts/mtls_cost.py
 	$(BIN)/tiermesh bench engine
 	$(BIN)/tiermesh bench --scenario long-tail --out report/
+	$(BIN)/tiermesh bench sweep --cost-curve --engine echo --echo-tokens-per-s 10 --max-tokens 64 \
+		--duration 15 --warmup 7 --out report/cost-curve-echo
+	$(BIN)/tiermesh bench sweep --cost-curve --max-tokens 32 --duration 8 --warmup 2 \
+		--out report/cost-curve-models
 
 clean:
 	rm -rf $(VENV) $(TOOLS) build dist clients/python/build *.egg-info .mypy_cache .ruff_cache .pytest_cache .tiermesh

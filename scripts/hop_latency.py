@@ -87,6 +87,18 @@ def start_services(
     return procs, ports
 
 
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to every process, then SIGKILL to those still running after 30 s."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def start(command: list[str], env: dict[str, str], cwd: Path = ROOT) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -125,10 +137,7 @@ def main() -> int:
                     time.sleep(0.2)
             results = measure(ports_a, ports_b, args.requests, console)
         finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                p.wait(30)
+            stop(procs)
     report(results, console, args.json)
     return 0
 

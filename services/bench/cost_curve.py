@@ -29,7 +29,8 @@ from services.bench.metrics import percentile
 from services.bench.resources import process_cpu_seconds, process_memory
 
 STREAMS_PER_CHANNEL = 100
-FAILURE_BACKOFF_S = 0.05  # a client waits this long after a failed chat (no busy loop)
+FAILURE_BACKOFF_S = 0.5  # a client waits this long after a failed chat, as a polite client
+# told RESOURCE_EXHAUSTED would: 1,000 refused clients must not become a busy loop
 PAUSE_S = 0.5  # between runs: cancelled streams of the last run settle
 CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]  # a connection per channel
 
