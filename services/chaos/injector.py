@@ -52,6 +52,8 @@ class FaultRecord:
     at_s: float  # when it was injected, seconds after the load started
     recovered_ms: float | None = None  # None: not recovered within RECOVERY_TIMEOUT_S
     detail: dict[str, Any] = field(default_factory=dict)
+    # how a Final.reason names a call to what the fault hit ("small (127.0.0.1:5)", "small")
+    reason_markers: tuple[str, ...] = ()
 
     def window_end_s(self) -> float:
         return self.at_s + (self.recovered_ms or 0.0) / 1000
@@ -76,6 +78,7 @@ class Injector:
         if fault.kind in (KILL_TIER, KILL_REPLICA, HANG_TIER, CONTROL_PLANE):
             names = self._process_names(fault)
             record.detail["processes"] = names
+            record.reason_markers = self._reason_markers(names)
             if fault.kind != CONTROL_PLANE:
                 record.detail["streaming"] = await self._mid_stream(names)
             record.at_s = round(self.now(), 3)
@@ -108,6 +111,18 @@ class Injector:
         if fault.kind in (KILL_TIER, HANG_TIER):
             return list(self.processes[fault.target])
         return [fault.target]
+
+    def _reason_markers(self, names: Sequence[str]) -> tuple[str, ...]:
+        """The router names a replica by tier and address when its tier has several, else by
+        tier alone (services.router.chat_session)."""
+        markers = []
+        for name in names:
+            tier = name.partition("-")[0]
+            if len(self.processes.get(tier, [])) > 1:
+                markers.append(f"{tier} ({self.children[name].address}) failed")
+            elif tier in self.processes:
+                markers.append(f"{tier} failed")
+        return tuple(markers)
 
     def _signal(self, names: Sequence[str], sig: signal.Signals) -> None:
         for name in names:

@@ -32,6 +32,27 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
+def _routed_around(
+    records: Sequence[RequestRecord], traces: Mapping[str, StreamTrace], fault: FaultRecord
+) -> dict[str, Any]:
+    """How long after the fault chats were still sent to what it hit: the latest send time,
+    after the fault, of a chat whose Final.reason names a failed call to it (`routed_around_ms`,
+    0 when none was), and how many such chats there were."""
+    if not fault.reason_markers:
+        return {}
+    hit = []
+    for record in records:
+        trace = traces.get(f"bench-chaos-{record.index}")  # the load generator's request id
+        if trace is None or trace.final is None or record.sent_at_s < fault.at_s:
+            continue
+        if any(marker in trace.final.reason for marker in fault.reason_markers):
+            hit.append(record.sent_at_s - fault.at_s)
+    return {
+        "routed_around_ms": round(max(hit, default=0.0) * 1000, 1),
+        "sent_to_it_after": len(hit),
+    }
+
+
 def _during(records: Sequence[RequestRecord], fault: FaultRecord) -> dict[str, Any]:
     """The scenario's requests in flight at some point of the fault's window, by outcome."""
     start, end = fault.at_s, fault.window_end_s()
@@ -65,11 +86,13 @@ def build_report(
                 "at_s": f.at_s,
                 "recovered_ms": f.recovered_ms,
                 **_during(records, f),
+                **_routed_around(records, traces, f),
                 **f.detail,
             }
             for f in faults
         ],
         "requests": {"sent": len(records), "completed": completed, "failed": dict(failed)},
+        "failure_examples": _failure_examples(records),
         "tokens": account.to_json(),
         "availability": round(completed / len(records), 5) if records else None,
         "memory": dict(memory.peak),
@@ -89,6 +112,15 @@ def build_report(
     }
 
 
+def _failure_examples(records: Sequence[RequestRecord]) -> dict[str, str]:
+    """The first error message seen per failed status."""
+    examples: dict[str, str] = {}
+    for record in records:
+        if record.status != OK:
+            examples.setdefault(record.status, record.error[:300])
+    return examples
+
+
 def _mib(value: int | None) -> str:
     return "-" if value is None else f"{value / 2**20:.0f}"
 
@@ -103,7 +135,11 @@ def _fault_detail(fault: Mapping[str, Any]) -> str:
         return f"{fault['streams']} streams never read"
     if "processes" in fault:
         mid = " mid-stream" if fault.get("streaming") else ""
-        return f"{', '.join(fault['processes'])}{mid}"
+        around = fault.get("routed_around_ms")
+        after = "" if around is None else f"; new chats sent to it for {around:.0f} ms"
+        restart = fault.get("restarted_ms")
+        back = "" if restart is None else f"; restarted after {restart:.0f} ms"
+        return f"{', '.join(fault['processes'])}{mid}{after}{back}"
     return ""
 
 

@@ -147,6 +147,13 @@ def tier_processes(children: Sequence[Child]) -> dict[str, list[str]]:
     return processes
 
 
+def busy_key(fault: PlannedFault, processes: dict[str, list[str]]) -> str:
+    """Faults with one key never overlap: one per tier (so a replica is killed only while the
+    tier's other replicas are back), else one per target."""
+    tier = fault.target.partition("-")[0]
+    return tier if tier in processes else fault.target
+
+
 def quiet_tail_s(options: ChaosOptions) -> float:
     """The end of the load when no fault starts, so that the run ends recovered."""
     return min(options.hold_s, options.duration_s / 4)
@@ -290,16 +297,17 @@ async def _drive(
         delay = fault.at_s - injector.now()
         if delay > 0:
             await asyncio.sleep(delay)
-        while (running := busy.get(fault.target)) is not None:
+        key = busy_key(fault, processes)
+        while (running := busy.get(key)) is not None:
             await running.wait()
         if injector.now() > latest_s:  # its target was busy until the load's quiet end
             skipped.append(fault)
             return
-        busy[fault.target] = done = asyncio.Event()
+        busy[key] = done = asyncio.Event()
         try:
             faults.append(await injector.inject(fault))
         finally:
-            del busy[fault.target]
+            del busy[key]
             done.set()
 
     async def inject_all() -> None:

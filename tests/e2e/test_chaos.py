@@ -84,6 +84,7 @@ def test_chaos_run_with_a_killed_tier_and_poison_loses_no_token(tmp_path: Path) 
     assert kinds == [("kill-tier", "small"), ("poison", "router")], kinds
     kill, poison = report["faults"]
     assert kill["recovered_ms"] is not None and kill["restarted_ms"] is not None, kill
+    assert kill["routed_around_ms"] >= 0 and kill["failed_during"] == {}, kill
     assert poison["requests"]["invalid UTF-8 prompt"] == "INVALID_ARGUMENT"
     assert poison["requests"]["temperature 1e-40"] == "INVALID_ARGUMENT"
     assert poison["failed_during"] == {}, poison  # poison fails alone
