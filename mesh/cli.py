@@ -9,6 +9,7 @@ tiermesh mesh bootstrap [--topology FILE] [--node-id ID]     gRPC xDS bootstrap 
 tiermesh mesh bootstrap --validate FILE                      what a bootstrap file lacks
 tiermesh mesh envoy [--topology FILE]                        Envoy bootstrap JSON
 tiermesh mesh k8s [--topology FILE] [--service-monitor]      Kubernetes manifests (YAML)
+    [--secure]                                               TLS from Secrets, exec health probes
 tiermesh mesh probe TARGET [--calls N]                       which backend answers, N calls
 
 `serve` reads its TLS, allowed ADS callers and API key file from TIERMESH_TLS_*,
@@ -162,7 +163,8 @@ def cmd_envoy(args: argparse.Namespace) -> int:
 def cmd_k8s(args: argparse.Namespace) -> int:
     from mesh.k8s import manifests_yaml
 
-    sys.stdout.write(manifests_yaml(_topology(args), service_monitor=args.service_monitor))
+    text = manifests_yaml(_topology(args), service_monitor=args.service_monitor, secure=args.secure)
+    sys.stdout.write(text)
     return 0
 
 
@@ -291,6 +293,11 @@ def register(subparsers: Any) -> None:
         "--service-monitor",
         action="store_true",
         help="add a Prometheus Operator ServiceMonitor (clusters that run the operator)",
+    )
+    k8s.add_argument(
+        "--secure",
+        action="store_true",
+        help="TLS everywhere from Secrets (the output says how to create them; no key in it)",
     )
     k8s.set_defaults(func=_guarded(cmd_k8s))
 

@@ -9,6 +9,10 @@ with `httpGet /health` probes and a Service port named `http`; NetworkPolicies t
 the router reach the tiers and the control plane. Labels are the recommended
 `app.kubernetes.io/*` set; selectors use only the stable ones.
 
+Plaintext by default: services bind 0.0.0.0 without TLS, so they are started with `--insecure`
+(said out loud). With `secure=True` (`tiermesh mesh k8s --secure`) every service speaks TLS with
+certificates from Secrets (mesh/k8s_tls.py), and the manifests say which Secrets to create.
+
 In the cluster the topology's endpoints become the headless Services' DNS names, which the control
 plane resolves to pod IPs. Plain dictionaries; knows nothing of xDS messages or serving.
 """
@@ -24,6 +28,7 @@ import yaml
 from mesh.bootstrap import BOOTSTRAP_CONFIG_ENV, grpc_bootstrap
 from mesh.k8s_policies import autoscaler, disruption_budget, network_policies
 from mesh.k8s_policies import service_monitor as service_monitor_object
+from mesh.k8s_tls import mounted_tls, secret_commands, secure_container
 from mesh.topology import Cluster, Endpoint, Resources, Topology, dump_yaml, xds_target
 
 APP = "tiermesh"
@@ -184,7 +189,9 @@ def _service(
     }
 
 
-def _tier_objects(tier_name: str, cluster: Cluster, topology: Topology) -> list[dict[str, Any]]:
+def _tier_objects(
+    tier_name: str, cluster: Cluster, topology: Topology, secure: bool
+) -> list[dict[str, Any]]:
     port = cluster.endpoints[0].port if cluster.endpoints else 50061
     labels = _labels("tier", **{"tiermesh/tier": tier_name, "tiermesh/cluster": cluster.name})
     command = [
@@ -197,21 +204,30 @@ def _tier_objects(tier_name: str, cluster: Cluster, topology: Topology) -> list[
         str(port),
         "--metrics-port",
         str(METRICS_PORT),
+        *_plaintext_flag(secure),
     ]
     container = _container(tier_name, command, port, topology, tier_name)
+    volumes = secure_container(container, f"tier/{tier_name}", "tier") if secure else []
     name = f"tier-{cluster.name}"
     replicas = max(1, len(cluster.endpoints))
     return [
-        _deployment(name, labels, replicas, container),
+        _deployment(name, labels, replicas, container, volumes=volumes),
         _service(name, labels, port, headless=True),
         disruption_budget(name, labels, _metadata_labels(labels)),
         autoscaler(name, replicas, _metadata_labels(labels)),
     ]
 
 
-def manifests(topology: Topology, service_monitor: bool = False) -> list[dict[str, Any]]:
+def _plaintext_flag(secure: bool) -> list[str]:
+    """`--insecure` for a plaintext service on 0.0.0.0 (it refuses to start without it)."""
+    return [] if secure else ["--insecure"]
+
+
+def manifests(
+    topology: Topology, service_monitor: bool = False, secure: bool = False
+) -> list[dict[str, Any]]:
     """Every object, in apply order; with `service_monitor`, a Prometheus Operator
-    ServiceMonitor too."""
+    ServiceMonitor too; with `secure`, TLS everywhere from Secrets the cluster must hold."""
     namespace = topology.kubernetes.namespace
     in_cluster = cluster_topology(topology)
     control_port = _port(topology.control_plane)
@@ -230,7 +246,7 @@ def manifests(topology: Topology, service_monitor: bool = False) -> list[dict[st
     ]
     for tier in topology.tiers:
         for cluster in tier.clusters:
-            objects += _tier_objects(tier.name, cluster, topology)
+            objects += _tier_objects(tier.name, cluster, topology, secure)
         port = tier.clusters[0].endpoints[0].port if tier.clusters[0].endpoints else 50061
         objects.append(
             _service(f"tier-{tier.name}", _labels("tier", **{"tiermesh/tier": tier.name}), port)
@@ -239,7 +255,7 @@ def manifests(topology: Topology, service_monitor: bool = False) -> list[dict[st
     control_labels = _labels("control-plane")
     control_command = [
         "python", "-m", "mesh", "serve", "--topology", f"{TOPOLOGY_MOUNT}/topology.yaml",
-        "--host", "0.0.0.0", "--port", str(control_port),
+        "--host", "0.0.0.0", "--port", str(control_port), *_plaintext_flag(secure),
     ]  # fmt: skip
     control = _container("control-plane", control_command, control_port, topology, "control-plane")
     control["ports"] = control["ports"][:1]  # the control plane exports no metrics
@@ -247,6 +263,8 @@ def manifests(topology: Topology, service_monitor: bool = False) -> list[dict[st
         {"name": "topology", "mountPath": TOPOLOGY_MOUNT, "readOnly": True}
     )
     volumes = [{"name": "topology", "configMap": {"name": "tiermesh-topology"}}]
+    if secure:
+        volumes += secure_container(control, "control-plane", "control-plane")
     objects.append(
         _deployment("tiermesh-control-plane", control_labels, 1, control, volumes=volumes)
     )
@@ -269,16 +287,20 @@ def manifests(topology: Topology, service_monitor: bool = False) -> list[dict[st
         "--metrics-port",
         str(METRICS_PORT),
         *tiers,
+        *_plaintext_flag(secure),
     ]
     router = _container("router", router_command, router_port, topology, "router")
-    bootstrap = grpc_bootstrap(in_cluster.control_plane, "$(POD_NAME)")
+    xds_tls = mounted_tls() if secure else None
+    bootstrap = grpc_bootstrap(in_cluster.control_plane, "$(POD_NAME)", tls=xds_tls)
     router["env"] = [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": BOOTSTRAP_CONFIG_ENV, "value": json.dumps(bootstrap)},
     ]
-    objects.append(_deployment("tiermesh-router", router_labels, 1, router))
+    router_volumes = secure_container(router, "router", "router") if secure else []
+    objects.append(_deployment("tiermesh-router", router_labels, 1, router, volumes=router_volumes))
     objects.append(_service("tiermesh-router", router_labels, router_port))
-    objects += _gateway_objects(topology, _service_host("tiermesh-router", namespace), router_port)
+    router_host = _service_host("tiermesh-router", namespace)
+    objects += _gateway_objects(topology, router_host, router_port, secure)
     objects += network_policies(APP, _metadata_labels(_labels("network")))
     if service_monitor:
         objects.append(service_monitor_object(APP, _metadata_labels(_labels("monitoring"))))
@@ -288,7 +310,7 @@ def manifests(topology: Topology, service_monitor: bool = False) -> list[dict[st
 
 
 def _gateway_objects(
-    topology: Topology, router_host: str, router_port: int
+    topology: Topology, router_host: str, router_port: int, secure: bool = False
 ) -> list[dict[str, Any]]:
     """The HTTP gateway's Deployment and Service: an HTTP port and `/health` probes (ready once
     the router answers), calling the router's Service over gRPC."""
@@ -314,7 +336,8 @@ def _gateway_objects(
     if "gateway" not in topology.kubernetes.resources:
         limits = {"cpu": GATEWAY_RESOURCES.cpu, "memory": GATEWAY_RESOURCES.memory}
         container["resources"] = {"requests": limits, "limits": dict(limits)}
-    deployment = _deployment("tiermesh-gateway", labels, 1, container)
+    volumes = secure_container(container, "gateway", "gateway") if secure else []
+    deployment = _deployment("tiermesh-gateway", labels, 1, container, volumes=volumes)
     deployment["spec"]["template"]["metadata"]["annotations"] = {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(GATEWAY_PORT),
@@ -327,5 +350,11 @@ def _gateway_objects(
     return [deployment, service]
 
 
-def manifests_yaml(topology: Topology, service_monitor: bool = False) -> str:
-    return yaml.safe_dump_all(manifests(topology, service_monitor), sort_keys=False)
+def manifests_yaml(topology: Topology, service_monitor: bool = False, secure: bool = False) -> str:
+    """The manifests as YAML; secure ones open with the commands that create their Secrets."""
+    text = yaml.safe_dump_all(manifests(topology, service_monitor, secure), sort_keys=False)
+    if not secure:
+        return text
+    header = ["# TLS from Secrets this file only references; create them first:"]
+    header += [f"#   {line}" for line in secret_commands(topology)]
+    return "\n".join(header) + "\n" + text

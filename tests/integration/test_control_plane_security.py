@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,3 +144,25 @@ async def test_bootstrap_command_writes_a_valid_tls_bootstrap(tmp_path: Path) ->
     assert creds["type"] == "tls"
     assert creds["config"]["ca_certificate_file"] == str((pki / "ca.pem").resolve())
     assert creds["config"]["certificate_file"] == str((pki / "r.pem").resolve())
+
+
+async def test_the_exec_health_probe_speaks_mtls(secure_plane: SecurePlane) -> None:
+    """The secure manifests' exec probe, against a real TLS server that only serves ADS to the
+    router: health answers any certificate of the CA (here an operator's), not plaintext."""
+    port = str(secure_plane.plane.port)
+    ops = secure_plane.files("client-ops")
+    tls = {
+        "TIERMESH_TLS_CA": str(ops.ca),
+        "TIERMESH_TLS_CERT": str(ops.cert),
+        "TIERMESH_TLS_KEY": str(ops.key),
+    }
+    for env, expected in ((tls, 0), ({}, 1)):
+        plain = {k: v for k, v in os.environ.items() if not k.startswith("TIERMESH_TLS")}
+        process = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "services.security.health_probe", "--port", port),
+            env={**plain, **env},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+        assert process.returncode == expected, (out, err)

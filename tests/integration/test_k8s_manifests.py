@@ -1,16 +1,33 @@
 """What a platform team applies: `tiermesh mesh k8s` objects validate against the Kubernetes
 1.37 schemas and carry startup probes, a metrics port with scrape annotations, a PDB and an HPA
 per tier, GPU requests where the topology asks, the recommended labels with stable selectors,
-a writable /tmp on a read-only root filesystem, and no service account token."""
+a writable /tmp on a read-only root filesystem, and no service account token; `--secure` ones
+mount certificates read-only from Secrets they only reference, probe health over TLS with an
+exec probe, and point the router's xDS client at the control plane over mTLS."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
+import yaml
+from cryptography import x509
 
-from mesh.k8s import METRICS_PORT, manifests
+from mesh.bootstrap import BOOTSTRAP_CONFIG_ENV, bootstrap_problems
+from mesh.k8s import METRICS_PORT, cluster_topology, manifests, manifests_yaml
+from mesh.k8s_tls import (
+    CA_SECRET,
+    KEYS_MOUNT,
+    KEYS_SECRET,
+    ROUTER_ID,
+    TLS_MOUNT,
+    identities,
+    tls_secret,
+)
 from mesh.topology_file import parse_topology
+from services.security.certs import init_ca, issue
 from tests.integration.test_mesh_topology import VALID
 
 GPU_TOPOLOGY = VALID + "kubernetes:\n  resources:\n    large: {cpu: '4', memory: 16Gi, gpu: 1}\n"
@@ -108,3 +125,77 @@ def test_network_policies_let_only_the_router_reach_tiers_and_control_plane() ->
         if n.startswith("tier-")
     ]
     assert tier_pods and all(tiers.items() <= pod.items() for pod in tier_pods)
+
+
+def _containers(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        name: deployment["spec"]["template"]["spec"]["containers"][0]
+        for name, deployment in _by(objects, "Deployment").items()
+    }
+
+
+def test_plaintext_services_say_insecure_out_loud() -> None:
+    for name, container in _containers(_objects()).items():
+        if name != "tiermesh-gateway":  # HTTP; it does not bind gRPC
+            assert "--insecure" in container["command"], name
+            assert "grpc" in container["readinessProbe"]
+
+
+def test_secure_manifests_mount_certificates_from_secrets_and_probe_over_tls() -> None:
+    objects = _objects(secure=True)
+    for item in objects:
+        kubernetes_validate.validate(item, "1.37.0", strict=True)
+    assert "Secret" not in {o["kind"] for o in objects}
+    deployments = _by(objects, "Deployment")
+    for name, container in _containers(objects).items():
+        assert "--insecure" not in container["command"], name
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["TIERMESH_TLS_CERT"] == f"{TLS_MOUNT}/tls.crt"
+        assert {"name": "tls", "mountPath": TLS_MOUNT, "readOnly": True} in container[
+            "volumeMounts"
+        ]
+        volumes = {v["name"]: v for v in deployments[name]["spec"]["template"]["spec"]["volumes"]}
+        sources = [s["secret"]["name"] for s in volumes["tls"]["projected"]["sources"]]
+        identity = "tier/" + name.split("-")[1] if name.startswith("tier-") else name[9:]
+        assert sources == [tls_secret(identity), CA_SECRET]
+        if name.startswith("tier-") or name == "tiermesh-control-plane":
+            assert env["TIERMESH_ALLOWED_CALLERS"] == ROUTER_ID
+        if name in ("tiermesh-router", "tiermesh-control-plane"):
+            assert env["TIERMESH_KEYS_FILE"] == f"{KEYS_MOUNT}/keys.json"
+            assert volumes["api-keys"]["secret"]["secretName"] == KEYS_SECRET
+        if name == "tiermesh-gateway":
+            assert "httpGet" in container["readinessProbe"]
+            continue
+        grpc_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            command = container[probe]["exec"]["command"]
+            assert command[:3] == ["python", "-m", "services.security.health_probe"]
+            assert command[-1] == str(grpc_port)
+    router_env = {e["name"]: e.get("value") for e in _containers(objects)["tiermesh-router"]["env"]}
+    bootstrap = json.loads(router_env[BOOTSTRAP_CONFIG_ENV])
+    assert bootstrap_problems(bootstrap) == []
+    (creds,) = bootstrap["xds_servers"][0]["channel_creds"]
+    assert creds["type"] == "tls"
+    assert creds["config"]["certificate_file"] == f"{TLS_MOUNT}/tls.crt"
+
+
+def test_secure_yaml_holds_no_private_key_and_says_how_to_make_the_secrets() -> None:
+    text = manifests_yaml(parse_topology(VALID), secure=True)
+    assert "PRIVATE KEY" not in text
+    assert "kubectl -n tiermesh create secret tls tiermesh-tls-router" in text
+    assert next(iter(yaml.safe_load_all(text)))["kind"] == "Namespace"
+
+
+def test_the_certificates_the_commands_issue_name_what_clients_dial(tmp_path: Path) -> None:
+    topology = parse_topology(VALID)
+    init_ca(tmp_path)
+    for identity, hosts in identities(topology).items():
+        issued = issue(tmp_path, identity, hosts=hosts)
+        certificate = x509.load_pem_x509_certificate(issued.cert.read_bytes())
+        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+        dns = set(names.value.get_values_for_type(x509.DNSName))
+        assert "localhost" in dns  # the exec probe dials localhost
+        if identity.startswith("tier/"):
+            assert f"tier-{identity[5:]}" in dns  # the router dials xds:///tier-NAME
+    in_cluster = cluster_topology(topology).control_plane.rpartition(":")[0]
+    assert in_cluster in identities(topology)["control-plane"]
