@@ -34,8 +34,9 @@ FAILURE_BACKOFF_S = 0.5  # a client waits this long after a failed chat, as a po
 PAUSE_S = 0.5  # between runs: cancelled streams of the last run settle
 CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]  # a connection per channel
 
-# chat index -> (seconds to the first token or None, status name)
-StreamCall = Callable[[int], Awaitable[tuple[float | None, str]]]
+# (chat index, its sample): runs the chat, filling in the sample's ttft_s as soon as the first
+# token arrives and its status at the end
+StreamCall = Callable[[int, "Sample"], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -66,10 +67,13 @@ class CostOptions:
 
 @dataclass
 class Sample:
+    """One chat: when it started and ended (seconds since the run started; ended_s None while
+    it runs), its time to first token (seconds) and its status name."""
+
     started_s: float
-    ended_s: float
-    ttft_s: float | None
-    status: str
+    ended_s: float | None = None
+    ttft_s: float | None = None
+    status: str = "RUNNING"
 
 
 @dataclass
@@ -102,23 +106,24 @@ def tier_calls(channels: Sequence[grpc.aio.Channel], run: str, options: CostOpti
     """Chats straight to a tier, as the router would send them (one user message)."""
     stubs = [tier_pb2_grpc.TierServiceStub(channel) for channel in channels]
 
-    async def call(index: int) -> tuple[float | None, str]:
+    async def call(index: int, sample: Sample) -> None:
         prompt = options.prompts[index % len(options.prompts)]
         request = tier_pb2.GenerateRequest(
             request_id=f"cost-{run}-{index}",
             messages=[{"role": "user", "content": prompt}],
             max_tokens=options.max_tokens,
         )
-        sent, ttft = time.perf_counter(), None
+        sent = time.perf_counter()
         try:
             async for chunk in stubs[index % len(stubs)].Generate(
                 request, timeout=options.timeout_s
             ):
-                if ttft is None and chunk.token_ids:
-                    ttft = time.perf_counter() - sent
+                if sample.ttft_s is None and chunk.token_ids:
+                    sample.ttft_s = time.perf_counter() - sent
         except grpc.aio.AioRpcError as e:
-            return ttft, e.code().name
-        return ttft, "OK"
+            sample.status = e.code().name
+            return
+        sample.status = "OK"
 
     return call
 
@@ -129,7 +134,7 @@ def router_calls(
     """Chats through the router(s), pinned to `tier`; OK only when Final arrives."""
     stubs = [router_pb2_grpc.RouterServiceStub(channel) for channel in channels]
 
-    async def call(index: int) -> tuple[float | None, str]:
+    async def call(index: int, sample: Sample) -> None:
         request = router_pb2.ChatRequest(
             request_id=f"cost-{run}-{index}",
             prompt=options.prompts[index % len(options.prompts)],
@@ -137,16 +142,17 @@ def router_calls(
             tier=tier,
             max_tokens=options.max_tokens,
         )
-        sent, ttft, final = time.perf_counter(), None, False
+        sent, final = time.perf_counter(), False
         try:
             async for event in stubs[index % len(stubs)].Chat(request, timeout=options.timeout_s):
                 kind = event.WhichOneof("event")
-                if ttft is None and kind == "delta" and event.delta.text:
-                    ttft = time.perf_counter() - sent
+                if sample.ttft_s is None and kind == "delta" and event.delta.text:
+                    sample.ttft_s = time.perf_counter() - sent
                 final = final or kind == "final"
         except grpc.aio.AioRpcError as e:
-            return ttft, e.code().name
-        return ttft, "OK" if final else "NO_FINAL"
+            sample.status = e.code().name
+            return
+        sample.status = "OK" if final else "NO_FINAL"
 
     return call
 
@@ -155,8 +161,8 @@ async def closed_loop(
     call: StreamCall, clients: int, options: CostOptions, watched: Sequence[Process]
 ) -> tuple[list[Sample], Window]:
     """`clients` clients, each starting its next chat when the last ends, for duration_s;
-    chats still running then are cancelled and left out. CPU is read at warmup_s and at the
-    end, RSS at the end."""
+    chats still running then are cancelled (their samples keep ended_s None, and their first
+    token if it came). CPU is read at warmup_s and at the end, RSS at the end."""
     start = time.perf_counter()
     counter = itertools.count()
     samples: list[Sample] = []
@@ -171,9 +177,11 @@ async def closed_loop(
 
     async def client() -> None:
         while (started := now()) < options.duration_s:
-            ttft, status = await call(next(counter))
-            samples.append(Sample(started, now(), ttft, status))
-            if status != "OK":
+            sample = Sample(started)
+            samples.append(sample)
+            await call(next(counter), sample)
+            sample.ended_s = now()
+            if sample.status != "OK":
                 await asyncio.sleep(FAILURE_BACKOFF_S)
 
     async def mark_start() -> None:
@@ -196,12 +204,16 @@ async def closed_loop(
 def summarise(
     samples: Sequence[Sample], window: Window, options: CostOptions, routers: Sequence[Process]
 ) -> dict[str, Any]:
-    """One run's numbers over its measured window (chats that ended in it)."""
-    span = options.duration_s - options.warmup_s
-    ended = [s for s in samples if options.warmup_s <= s.ended_s <= options.duration_s]
+    """One run's numbers over its measured window: chats/s and errors of the chats that ended
+    in it, TTFT of the chats that started in it and had their first token before its end."""
+    start, end = options.warmup_s, options.duration_s
+    span = end - start
+    ended = [s for s in samples if s.ended_s is not None and start <= s.ended_s <= end]
     ok = [s for s in ended if s.status == "OK"]
     ttfts = [
-        s.ttft_s * 1000 for s in ok if s.ttft_s is not None and s.started_s >= options.warmup_s
+        s.ttft_s * 1000
+        for s in samples
+        if s.ttft_s is not None and s.started_s >= start and s.started_s + s.ttft_s <= end
     ]
     cpu = window.cpu()
     router_cpu = sum(cpu.get(r.name, 0.0) for r in routers) if routers else None
