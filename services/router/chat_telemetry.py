@@ -115,9 +115,10 @@ class TierCallSpan:
             self.span.set_attribute("gen_ai.response.model", ended.model)
         metrics = router_metrics()
         attributes = {**genai_attributes(self._tier, ended.model), "tiermesh.tier": self._tier}
+        error = error_type(ended.code)
         metrics.operation_duration.record(
             time.perf_counter() - self._started,
-            {**attributes, **genai_attributes(self._tier, ended.model, error_type(ended.code))},
+            {**attributes, "error.type": error} if error else attributes,
         )
         if ended.usage is not None:
             usage = ended.usage
