@@ -36,14 +36,16 @@ def _routed_around(
     records: Sequence[RequestRecord], traces: Mapping[str, StreamTrace], fault: FaultRecord
 ) -> dict[str, Any]:
     """How long after the fault chats were still sent to what it hit: the latest send time,
-    after the fault, of a chat whose Final.reason names a failed call to it (`routed_around_ms`,
-    0 when none was), and how many such chats there were."""
+    between the fault and its recovery, of a chat whose Final.reason names a failed call to it
+    (`routed_around_ms`, 0 when none was), and how many such chats there were."""
     if not fault.reason_markers:
         return {}
     hit = []
     for record in records:
         trace = traces.get(f"bench-chaos-{record.index}")  # the load generator's request id
-        if trace is None or trace.final is None or record.sent_at_s < fault.at_s:
+        if trace is None or trace.final is None:
+            continue
+        if not fault.at_s <= record.sent_at_s <= fault.window_end_s():  # later: a later fault's
             continue
         if any(marker in trace.final.reason for marker in fault.reason_markers):
             hit.append(record.sent_at_s - fault.at_s)
@@ -75,6 +77,7 @@ def build_report(
 ) -> dict[str, Any]:
     completed = sum(1 for r in records if r.status == OK)
     failed = Counter(r.status for r in records if r.status != OK)
+    ttfts = [r.ttft_s * 1000 for r in records if r.status == OK and r.ttft_s is not None]
     pairs = [pair for trace in traces.values() for pair in trace.failover_gaps_s()]
     gaps = [gap * 1000 for gap, _ in pairs]
     told = [t * 1000 for _, t in pairs if t is not None]
@@ -91,7 +94,13 @@ def build_report(
             }
             for f in faults
         ],
-        "requests": {"sent": len(records), "completed": completed, "failed": dict(failed)},
+        "requests": {
+            "sent": len(records),
+            "completed": completed,
+            "failed": dict(failed),
+            "ttft_ms_p50": _ms(percentile(ttfts, 0.50)),  # the load's own, faults included
+            "ttft_ms_p99": _ms(percentile(ttfts, 0.99)),
+        },
         "failure_examples": _failure_examples(records),
         "tokens": account.to_json(),
         "availability": round(completed / len(records), 5) if records else None,
@@ -165,7 +174,8 @@ def print_report(report: Mapping[str, Any], console: Console) -> None:
     failed = ", ".join(f"{k} {v}" for k, v in requests["failed"].items()) or "none"
     console.print(
         f"requests: sent {requests['sent']}, completed {requests['completed']}, failed {failed}; "
-        f"availability {report['availability']}"
+        f"availability {report['availability']}; first token p50 {requests['ttft_ms_p50']} ms, "
+        f"p99 {requests['ttft_ms_p99']} ms"
     )
     console.print(
         f"tokens: lost {tokens['lost']}, duplicated {tokens['duplicated']} over "

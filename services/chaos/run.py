@@ -149,9 +149,9 @@ def tier_processes(children: Sequence[Child]) -> dict[str, list[str]]:
 
 def busy_key(fault: PlannedFault, processes: dict[str, list[str]]) -> str:
     """Faults with one key never overlap: one per tier (so a replica is killed only while the
-    tier's other replicas are back), else one per target."""
+    tier's other replicas are back), else one per kind (poison may come during an overload)."""
     tier = fault.target.partition("-")[0]
-    return tier if tier in processes else fault.target
+    return tier if tier in processes else fault.kind
 
 
 def quiet_tail_s(options: ChaosOptions) -> float:
