@@ -131,10 +131,14 @@ class TorchEngine(EngineLifecycle):
             released = loop.create_future()
             on_release = _resolver(loop, released)
 
+            try:
+                self._scheduler.submit(
+                    Sequence(prepared, stop, channel, assembler, slot, on_release=on_release)
+                )
+            except BaseException:
+                self._pool.release(slot)
+                raise
             self._stops[prepared.request_id] = stop
-            self._scheduler.submit(
-                Sequence(prepared, stop, channel, assembler, slot, on_release=on_release)
-            )
         else:
             assert self._executor is not None
             self._stops[prepared.request_id] = stop
@@ -233,7 +237,8 @@ def _resolver(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> 
             future.set_result(None)
 
     def from_any_thread() -> None:
-        loop.call_soon_threadsafe(resolve)
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+            loop.call_soon_threadsafe(resolve)
 
     return from_any_thread
 

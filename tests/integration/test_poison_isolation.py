@@ -114,15 +114,16 @@ async def test_one_poisoned_row_fails_alone(tier: TierServer) -> None:
             if prepared.request_id != "poison":
                 return False
             poison_steps += 1
-            if poison_steps < 4:  # a few good tokens first: it fails in the middle of a batch
+            # a few good tokens first, then it fails in the middle of a batch with others
+            if poison_steps < 4 or len(scheduler._active) < 2:
                 return False
             batch_at_poison.append(len(scheduler._active))
             return True
 
         scheduler.poison_hook = poison
         try:
-            poisoned = asyncio.ensure_future(_generate(stub, "poison", CANARIES[0], 48))
             canaries = [_generate(stub, f"canary-{i}", p) for i, p in enumerate(CANARIES)]
+            poisoned = _generate(stub, "poison", CANARIES[0], 64)
             results = await asyncio.gather(*canaries, poisoned, return_exceptions=True)
         finally:
             scheduler.poison_hook = None
