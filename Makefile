@@ -72,7 +72,7 @@ bench: setup  ## router-hop, tracing and mTLS latency, engine batching, hybrid v
 	$(BIN)/python scripts/mtls_cost.py
 	$(BIN)/tiermesh bench engine
 	$(BIN)/tiermesh bench --scenario long-tail --out report/
-	$(BIN)/tiermesh bench sweep --cost-curve --engine echo --echo-tokens-per-s 10 --max-tokens 64 \
+	$(BIN)/tiermesh bench sweep --cost-curve --engine echo --echo-tokens-per-s 5 --max-tokens 32 \
 		--duration 15 --warmup 7 --out report/cost-curve-echo
 	$(BIN)/tiermesh bench sweep --cost-curve --max-tokens 32 --duration 8 --warmup 2 \
 		--out report/cost-curve-models

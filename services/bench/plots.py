@@ -133,6 +133,7 @@ def cost_curve(report: Mapping[str, Any], path: Path) -> Path:
         axes.legend()
     cpu_axes.set_ylabel("router CPU ms per chat (= s per 1,000 chats)")
     cpu_axes.set_title("router CPU per chat")
-    latency_axes.set_ylabel("ms over the direct tier call")
+    latency_axes.set_yscale("symlog", linthresh=1.0)  # overheads span 1 ms to seconds
+    latency_axes.set_ylabel("ms over the direct tier call (symlog)")
     latency_axes.set_title("first-token overhead")
     return _save(figure, path)
