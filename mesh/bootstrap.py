@@ -7,6 +7,7 @@ Plain dictionaries ready for json.dumps; knows nothing of xDS message classes or
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,12 +164,19 @@ def bootstrap_problems(bootstrap: Any) -> list[str]:
 
 
 def envoy_bootstrap(
-    topology: Topology, node_id: str = "envoy", admin_port: int = ENVOY_ADMIN_PORT
+    topology: Topology,
+    node_id: str = "envoy",
+    admin_port: int = ENVOY_ADMIN_PORT,
+    tls: XdsTls | None = None,
 ) -> dict[str, Any]:
     """An Envoy v3 bootstrap: a static `xds_cluster` (HTTP/2) to the control plane and every
     listener and cluster from ADS. Envoy names itself "envoy", so the control plane serves it
-    the socket listeners (`topology.envoy.base_port` + tier index)."""
+    the socket listeners (`topology.envoy.base_port` + tier index). With `tls` the ADS stream
+    is TLS (mTLS with a certificate) and Envoy checks the control plane's certificate."""
     host, _, port = topology.control_plane.rpartition(":")
+    cluster = _envoy_xds_cluster(host, int(port))
+    if tls is not None:
+        cluster["transport_socket"] = _envoy_upstream_tls(tls, host)
     return {
         "node": {"id": node_id, "cluster": "tiermesh-envoy"},
         "admin": {
@@ -183,39 +191,63 @@ def envoy_bootstrap(
             "lds_config": {"ads": {}, "resource_api_version": "V3"},
             "cds_config": {"ads": {}, "resource_api_version": "V3"},
         },
-        "static_resources": {
-            "clusters": [
-                {
-                    "name": "xds_cluster",
-                    "type": "STRICT_DNS",
-                    "connect_timeout": "1s",
-                    "typed_extension_protocol_options": {
-                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                            "@type": "type.googleapis.com/"
-                            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                            "explicit_http_config": {"http2_protocol_options": {}},
-                        }
-                    },
-                    "load_assignment": {
-                        "cluster_name": "xds_cluster",
-                        "endpoints": [
-                            {
-                                "lb_endpoints": [
-                                    {
-                                        "endpoint": {
-                                            "address": {
-                                                "socket_address": {
-                                                    "address": host,
-                                                    "port_value": int(port),
-                                                }
-                                            }
-                                        }
-                                    }
-                                ]
-                            }
-                        ],
-                    },
-                }
-            ]
+        "static_resources": {"clusters": [cluster]},
+    }
+
+
+def _envoy_xds_cluster(host: str, port: int) -> dict[str, Any]:
+    """The static cluster that reaches the control plane over HTTP/2."""
+    endpoint = {"address": {"socket_address": {"address": host, "port_value": port}}}
+    return {
+        "name": "xds_cluster",
+        "type": "STRICT_DNS",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/"
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        "load_assignment": {
+            "cluster_name": "xds_cluster",
+            "endpoints": [{"lb_endpoints": [{"endpoint": endpoint}]}],
         },
     }
+
+
+def _envoy_upstream_tls(tls: XdsTls, host: str) -> dict[str, Any]:
+    """Envoy's TLS to the control plane: the CA that must have signed the control plane's
+    certificate, whose names must include `host` (sent as SNI), and Envoy's own certificate
+    when it has one (the control plane serves ADS only to the identities it allows)."""
+    context: dict[str, Any] = {
+        "validation_context": {
+            "trusted_ca": {"filename": str(tls.ca.resolve())},
+            "match_typed_subject_alt_names": [
+                {"san_type": "DNS", "matcher": {"exact": host}},
+                {"san_type": "IP_ADDRESS", "matcher": {"exact": host}},
+            ],
+        }
+    }
+    if tls.cert is not None and tls.key is not None:
+        context["tls_certificates"] = [
+            {
+                "certificate_chain": {"filename": str(tls.cert.resolve())},
+                "private_key": {"filename": str(tls.key.resolve())},
+            }
+        ]
+    upstream: dict[str, Any] = {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+        "common_tls_context": context,
+    }
+    if not _is_ip(host):  # SNI carries host names only
+        upstream["sni"] = host
+    return {"name": "envoy.transport_sockets.tls", "typed_config": upstream}
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True

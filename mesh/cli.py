@@ -156,7 +156,8 @@ def _validate_bootstrap(path: Path) -> int:
 
 
 def cmd_envoy(args: argparse.Namespace) -> int:
-    _print_json(envoy_bootstrap(_topology(args), args.node_id, args.admin_port))
+    tls = _bootstrap_tls(args)
+    _print_json(envoy_bootstrap(_topology(args), args.node_id, args.admin_port, tls))
     return 0
 
 
@@ -285,6 +286,7 @@ def register(subparsers: Any) -> None:
     _with_topology(envoy)
     envoy.add_argument("--node-id", default="tiermesh-envoy", help="Envoy's node id")
     envoy.add_argument("--admin-port", type=int, default=9901, help="Envoy admin port")
+    _tls_flags(envoy, "Envoy's ADS stream")
     envoy.set_defaults(func=_guarded(cmd_envoy))
 
     k8s = commands.add_parser("k8s", help="Kubernetes manifests for the mesh (YAML)")

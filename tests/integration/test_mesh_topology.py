@@ -15,7 +15,7 @@ import yaml
 from envoy.config.bootstrap.v3 import bootstrap_pb2
 from google.protobuf import json_format
 
-from mesh.bootstrap import envoy_bootstrap, grpc_bootstrap
+from mesh.bootstrap import XdsTls, envoy_bootstrap, grpc_bootstrap
 from mesh.cli import DEFAULT_TOPOLOGY
 from mesh.k8s import manifests
 from mesh.resources import CLUSTER, ENDPOINT, ENVOY, LISTENER, PROXYLESS, ROUTE, build_resources
@@ -171,6 +171,27 @@ def test_envoy_bootstrap_is_a_valid_envoy_bootstrap() -> None:
         .endpoint.address.socket_address.port_value
         == 50081
     )
+
+
+def test_envoy_bootstrap_with_tls_checks_the_control_planes_certificate(tmp_path: Path) -> None:
+    from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
+
+    tls = XdsTls(tmp_path / "ca.pem", tmp_path / "envoy.pem", tmp_path / "envoy.key")
+    data = envoy_bootstrap(load_topology(DEFAULT_TOPOLOGY), tls=tls)
+    bootstrap = json_format.ParseDict(data, bootstrap_pb2.Bootstrap())
+    socket = bootstrap.static_resources.clusters[0].transport_socket
+    assert socket.name == "envoy.transport_sockets.tls"
+    upstream = tls_pb2.UpstreamTlsContext()
+    assert socket.typed_config.Unpack(upstream)
+    context = upstream.common_tls_context
+    assert context.validation_context.trusted_ca.filename == str(tmp_path / "ca.pem")
+    names = {m.matcher.exact for m in context.validation_context.match_typed_subject_alt_names}
+    assert names == {"127.0.0.1"}  # the topology's control plane address
+    assert upstream.sni == ""  # an IP address is no SNI name
+    assert context.tls_certificates[0].certificate_chain.filename == str(tmp_path / "envoy.pem")
+    assert context.tls_certificates[0].private_key.filename == str(tmp_path / "envoy.key")
+    plain = envoy_bootstrap(load_topology(DEFAULT_TOPOLOGY))
+    assert "transport_socket" not in plain["static_resources"]["clusters"][0]
 
 
 def test_cli_generators_read_one_topology(tmp_path: Path) -> None:
