@@ -9,7 +9,6 @@ The mesh check runs in its own process: grpc's xDS client reads its bootstrap on
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -70,7 +69,6 @@ def test_mesh_mode_retries_as_the_topology_says(tiny_model_dir: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(MESH_SCRIPT), str(tiny_model_dir)],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
         timeout=240,
