@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from services.common.errors import TiermeshError
+from services.common.errors import InvalidArgument, TiermeshError
 from services.tier.chunking import ChunkAssembler, ChunkSink
 from services.tier.decode import choose_token
 from services.tier.kv_pool import KvCachePool
@@ -57,10 +57,16 @@ class BusyWindow:
 
 
 class RequestFailed(TiermeshError):
-    """One request's own step failed (non-finite logits, sampling, detokenising): that request
-    ends with this error, the others of its batch go on."""
+    """One request's own step failed (its prefill, sampling or detokenising raised): that
+    request ends with this error, the others of its batch go on."""
 
     status = "INTERNAL"
+
+
+class NonFiniteLogits(InvalidArgument):
+    """This request's logits overflowed (inf or NaN): it fails alone, the others of its batch go
+    on. INVALID_ARGUMENT: the same request would overflow the same model anywhere, so a router
+    neither retries it elsewhere nor counts it against the tier's health."""
 
 
 def _no_release() -> None:
@@ -275,8 +281,9 @@ class BatchScheduler:
             chosen = logprobs.gather(1, top[:, None])[:, 0].tolist()  # (B,)
         for row, sequence in enumerate(sequences):
             if not finite[row]:
-                error = RequestFailed(
-                    f"non-finite logits at generated token {sequence.generated + 1}"
+                error = NonFiniteLogits(
+                    f"non-finite logits at generated token {sequence.generated + 1} "
+                    "(this request overflows the model)"
                 )
                 log.warning("request %s failed: %s", sequence.prepared.request_id, error)
                 self._fail(sequence, error)

@@ -1,7 +1,8 @@
 """Poison isolation on a real tier server (the tiny GPT-2): sampling parameters out of their
 documented ranges are refused with INVALID_ARGUMENT naming the field, at the tier and at the
 router; and one request whose logits turn non-finite in the middle of a batch fails alone, with
-INTERNAL naming the cause, while the requests batched with it finish with their usual answers.
+INVALID_ARGUMENT naming the cause (not INTERNAL: the same request would overflow the model on
+any tier), while the requests batched with it finish with their usual answers.
 
 After validation no request can make the tiny model's logits non-finite, so the poison row is
 forced through the batch scheduler's named test hook (`poison_hook`), which sets that row's
@@ -130,8 +131,9 @@ async def test_one_poisoned_row_fails_alone(tier: TierServer) -> None:
     assert results[:-1] == alone  # every canary: its answer, token for token
     failure = results[-1]
     assert isinstance(failure, grpc.aio.AioRpcError)
-    assert failure.code() == grpc.StatusCode.INTERNAL
+    assert failure.code() == grpc.StatusCode.INVALID_ARGUMENT  # neither retried nor a tier fault
     assert "non-finite logits" in (failure.details() or "")
+    assert not parse_status_details(failure.trailing_metadata()).field_violations
     assert batch_at_poison and batch_at_poison[0] > 1  # it really shared a step with others
     load = engine.load()
     assert load.running == 0 and load.kv_pool_used_tokens == 0
