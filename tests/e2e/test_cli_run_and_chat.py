@@ -88,6 +88,7 @@ def test_run_then_chat_json_then_sigterm(mesh_process) -> None:
     assert [e["t_ms"] for e in events] == sorted(e["t_ms"] for e in events)
     revision1 = "".join(e["text"] for e in events if e["type"] == "delta" and e["revision"] == 1)
     assert events[-1]["revision"] == 1 and events[-1]["text"] == revision1
+    assert events[-1]["model"].startswith("large/")  # the answering model, <tier>/<model>
 
     # The chat's spans reach the OTLP receiver from the router and both tiers, in one trace.
     request_id = events[0]["request_id"]

@@ -95,6 +95,7 @@ async def test_pinned_uses_the_named_tier_only(mesh: Mesh) -> None:
     assert isinstance(route, RouteEvent) and route.tiers == ("medium",)
     assert result.tier == "medium" and result.revision == 0
     assert [u["tier"] for u in result.final.usage] == ["medium"]
+    assert result.final.model.startswith("medium/") and result.final.model != "medium/"
     assert result.final.usage[0]["completion_tokens"] == len(
         [t for e in result.events if isinstance(e, DeltaEvent) for t in e.token_ids]
     )

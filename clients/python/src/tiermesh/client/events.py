@@ -67,6 +67,7 @@ class FinalEvent:
     revisions: int
     usage: list[dict[str, Any]]
     timings: dict[str, float]
+    model: str = ""  # the answering model, "<tier>/<model>" ("" from a router that predates it)
 
 
 Event = RouteEvent | RevisionStartEvent | DeltaEvent | RevisionEndEvent | FinalEvent
@@ -137,7 +138,7 @@ def event_from_proto(event: router_pb2.ChatEvent) -> Event:
             for u in f.usage
         ]
         return FinalEvent(
-            f.revision, f.tier, f.text, f.reason, f.revisions, usage, _fields(f.timings)
+            f.revision, f.tier, f.text, f.reason, f.revisions, usage, _fields(f.timings), f.model
         )
     raise ChatError("INTERNAL", f"unknown chat event {kind!r}")
 
