@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from services.common.errors import InvalidArgument, TiermeshError
+from services.common.errors import TiermeshError
 from services.tier.chunking import ChunkAssembler, ChunkSink
-from services.tier.decode import choose_token
+from services.tier.decode import NonFiniteLogits, choose_token
 from services.tier.kv_pool import KvCachePool
 from services.tier.model_loading import LoadedModel
 from services.tier.pooled_models import PooledPasses
@@ -61,12 +61,6 @@ class RequestFailed(TiermeshError):
     request ends with this error, the others of its batch go on."""
 
     status = "INTERNAL"
-
-
-class NonFiniteLogits(InvalidArgument):
-    """This request's logits overflowed (inf or NaN): it fails alone, the others of its batch go
-    on. INVALID_ARGUMENT: the same request would overflow the same model anywhere, so a router
-    neither retries it elsewhere nor counts it against the tier's health."""
 
 
 def _no_release() -> None:

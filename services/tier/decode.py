@@ -11,9 +11,16 @@ from typing import Any
 
 import torch
 
+from services.common.errors import InvalidArgument
 from services.tier.engine import Sampling
 
-__all__ = ["Sampling", "choose_token", "decode_tokens"]
+__all__ = ["NonFiniteLogits", "Sampling", "choose_token", "decode_tokens"]
+
+
+class NonFiniteLogits(InvalidArgument):
+    """This request's logits overflowed (inf or NaN): it fails alone (in a batch, the others go
+    on). INVALID_ARGUMENT: the same request would overflow the same model anywhere, so a router
+    neither retries it elsewhere nor counts it against the tier's health."""
 
 
 def choose_token(
@@ -22,8 +29,11 @@ def choose_token(
     """Picks the next token from one position's logits (V,) and returns (id, log-prob).
 
     The log-prob is the model's own (temperature 1) log-probability of the chosen token, so
-    confidence reads the same whatever the sampling settings.
+    confidence reads the same whatever the sampling settings. Raises NonFiniteLogits when any
+    logit is inf or NaN.
     """
+    if not bool(torch.isfinite(logits).all()):
+        raise NonFiniteLogits("non-finite logits (this request overflows the model)")
     logprobs = torch.log_softmax(logits.float(), dim=-1)  # (V,)
     if sampling.greedy:
         token = int(torch.argmax(logprobs).item())

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
-from services.tier.decode import decode_tokens
+from services.tier.decode import NonFiniteLogits, choose_token, decode_tokens
 from services.tier.engine import Sampling
 from services.tier.model_loading import load_causal_lm
 from services.tier.tokenizer_loading import IncrementalDetokenizer, encode_prompt
@@ -81,3 +82,11 @@ def test_incremental_detokenizer_holds_back_split_characters(tiny_model_dir: Pat
     deltas = [detok.add([token]) for token in ids]
     assert "".join(deltas) == text
     assert all("\ufffd" not in d for d in deltas)
+
+
+def test_non_finite_logits_are_refused_naming_the_cause() -> None:
+    logits = torch.zeros(8)
+    logits[3] = float("nan")
+    for sampling in (Sampling(), Sampling(temperature=1.0, seed=1)):
+        with pytest.raises(NonFiniteLogits, match="non-finite logits"):
+            choose_token(logits, sampling, None)
