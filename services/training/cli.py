@@ -78,7 +78,9 @@ def register(subparsers: Any) -> None:
 
     evaluate = sub.add_parser("eval", help="accuracy and speed of each tier on a split")
     evaluate.add_argument("--split", default="test")
-    evaluate.add_argument("--limit", type=int, default=200, help="most items per class (0 = all)")
+    evaluate.add_argument(
+        "--limit", type=int, default=200, help="most items per class and phrasing (0 = all)"
+    )
     evaluate.add_argument("--tiers", nargs="+", choices=TIER_CHOICES, default=list(TIER_CHOICES))
     evaluate.add_argument("--out", type=Path, help="read <out>/<tier>/ instead of services/tier_*")
     evaluate.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
@@ -279,7 +281,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     console = Console(stderr=args.json)
     torch.set_num_threads(args.threads)
-    items = per_class(load_split(args.split), args.limit or None)
+    items = per_class(load_split(args.split, phrasing=None), args.limit or None)
     results: list[TierEvaluation] = []
     with Progress(console=console, transient=True) as progress:
         for tier in args.tiers:
@@ -292,17 +294,19 @@ def run_eval(args: argparse.Namespace) -> int:
                 on_item=partial(progress.advance, task),
             )
             results.append(result)
-    counts = "/".join(str(sum(1 for i in items if i.request_class == c)) for c in CLASSES)
+    seen = "/".join(str(results[0].counts[c]) for c in CLASSES) if results else ""
+    unseen = "/".join(str(results[0].counts_unseen[c]) for c in CLASSES) if results else ""
     table = Table(
         title=f"built-in tiers on {args.split}, greedy, batch 1, {args.threads} thread",
-        caption=f"accuracy on {counts} {'/'.join(CLASSES)} items; size = safetensors bytes",
+        caption=f"accuracy on {seen} {'/'.join(CLASSES)} items of seen phrasings, and on "
+        f"{unseen} of unseen ones (columns marked *); size = safetensors bytes",
     )
-    for column in ("tier", *CLASSES, "tok/s", "TTFT ms", "params", "size"):
+    unseen_columns = [f"{c}*" for c in CLASSES if results and results[0].counts_unseen[c]]
+    for column in ("tier", *CLASSES, *unseen_columns, "tok/s", "TTFT ms", "params", "size"):
         table.add_column(column, justify="left" if column == "tier" else "right")
     for r in results:
-        cells = [
-            "-" if r.accuracy[c] is None else f"{100 * (r.accuracy[c] or 0):.1f}%" for c in CLASSES
-        ]
+        cells = [_percent(r.accuracy[c]) for c in CLASSES]
+        cells += [_percent(r.accuracy_unseen[c]) for c in CLASSES if f"{c}*" in unseen_columns]
         table.add_row(
             r.tier,
             *cells,
@@ -318,3 +322,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"tiers": {r.tier: r.to_json() for r in results}}))
     return 0
+
+
+def _percent(accuracy: float | None) -> str:
+    return "-" if accuracy is None else f"{100 * accuracy:.1f}%"

@@ -29,6 +29,7 @@ from services.workload.store import (
 )
 
 RequestClass = Literal["simple", "medium", "complex"]
+Phrasing = Literal["seen", "unseen"]
 CLASSES: tuple[RequestClass, ...] = ("simple", "medium", "complex")
 
 STORE_SEED = 20240611  # the shop is fixed: every split and every model shares it
@@ -68,6 +69,7 @@ class WorkloadItem:
 
     `reference` is the full target text a model is trained to produce (without end-of-text);
     `final` is what its last line must say for the answer to count (see scoring.final_answer).
+    `phrasing` is "seen" for wordings training uses, "unseen" for held-out ones (phrasings.py).
     """
 
     id: str
@@ -75,9 +77,13 @@ class WorkloadItem:
     prompt: str
     reference: str
     final: str
+    phrasing: Phrasing = "seen"
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self, with_phrasing: bool = True) -> dict[str, Any]:
+        row = asdict(self)
+        if not with_phrasing:
+            del row["phrasing"]
+        return row
 
     @staticmethod
     def from_json(row: Mapping[str, Any]) -> WorkloadItem:
@@ -87,6 +93,7 @@ class WorkloadItem:
             prompt=str(row["prompt"]),
             reference=str(row["reference"]),
             final=str(row["final"]),
+            phrasing="unseen" if row.get("phrasing") == "unseen" else "seen",
         )
 
 

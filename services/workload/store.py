@@ -24,6 +24,10 @@ NOUNS = (
 FREE_SHIPPING_FROM = 100  # orders whose discounted subtotal is at least this ship free
 SHIPPING_FEE = 7  # dollars, charged below FREE_SHIPPING_FROM
 COUPONS = {"SAVE5": 5, "SAVE10": 10, "SAVE20": 20}  # code -> dollars off the subtotal
+# the reply to a question outside the shop's domain (no policy, product or order behind it)
+FALLBACK_ANSWER = (
+    "Sorry, I can only answer questions about this shop's products, prices and policies."
+)
 
 
 @dataclass(frozen=True)
