@@ -422,7 +422,9 @@ def _print_addresses(
         )
         console.print("  a key: [bold]tiermesh keys create --name demo --scopes chat[/bold]")
         flag += f" --ca {secure.ca} --api-key KEY"
-    console.print(f'try: [bold]tiermesh chat{flag} --mode progressive "Where is my order?"[/bold]')
+    console.print(
+        f'try: [bold]tiermesh chat{flag} --mode progressive "How long does delivery take?"[/bold]'
+    )
     gateway = next((c for c in children if c.name == "gateway"), None)
     if gateway is not None:
         console.print(f"chat page: [bold]http://{gateway.address}/[/bold]")
