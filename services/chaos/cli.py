@@ -149,7 +149,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     try:
         with progress.live.progress:
             report = asyncio.run(run_chaos(options, console, progress.tick))
-    except (ChaosError, FaultPlanError) as e:
+    except (ChaosError, ValueError) as e:  # FaultPlanError, a scenario's bad rate: ValueError
         console.print(f"[red]tiermesh chaos:[/red] {e}")
         return 1
     finally:

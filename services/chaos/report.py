@@ -41,6 +41,7 @@ def _routed_around(
     if not fault.reason_markers:
         return {}
     hit = []
+    example = ""
     for record in records:
         trace = traces.get(f"bench-chaos-{record.index}")  # the load generator's request id
         if trace is None or trace.final is None:
@@ -49,9 +50,12 @@ def _routed_around(
             continue
         if any(marker in trace.final.reason for marker in fault.reason_markers):
             hit.append(record.sent_at_s - fault.at_s)
+            if record.sent_at_s - fault.at_s >= max(hit):
+                example = trace.final.reason[:300]
     return {
         "routed_around_ms": round(max(hit, default=0.0) * 1000, 1),
         "sent_to_it_after": len(hit),
+        "sent_to_it_last_reason": example,  # the Final.reason of the latest of them
     }
 
 

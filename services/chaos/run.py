@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -35,6 +36,7 @@ from services.chaos.injector import FaultRecord, Injector
 from services.chaos.memory import MemoryWatch
 from services.chaos.recording import RecordingClient
 from services.chaos.report import build_report
+from services.common.errors import TiermeshError
 from services.common.tiers import TIER_NAMES
 from services.launcher.echo_tiers import EchoSettings
 from services.launcher.local_mesh import (
@@ -94,7 +96,7 @@ def chaos_mesh(options: ChaosOptions, console: Console) -> Iterator[list[Child]]
             replicas=options.replicas,
             echo=options.echo,
         )
-    except (ValueError, OSError) as e:  # ConfigError is a ValueError
+    except (TiermeshError, OSError) as e:  # ConfigError: a missing model, --mesh with replicas
         raise ChaosError(str(e)) from None
     children = [child for child in planned if child.name != "gateway"]
     try:
@@ -106,7 +108,7 @@ def chaos_mesh(options: ChaosOptions, console: Console) -> Iterator[list[Child]]
     finally:
         for child in children:  # a child left stopped by a hang cannot act on SIGTERM
             if child.process is not None and child.process.poll() is None:
-                child.process.send_signal(18)  # SIGCONT
+                child.process.send_signal(signal.SIGCONT)
         stop_all(children, grace_s=10.0)
 
 
@@ -174,6 +176,12 @@ async def run_chaos(
 ) -> dict[str, Any]:
     """Starts the mesh, runs the load with its faults, checks every answer; the report."""
     scenario = scenario_of(options)
+    planned = {  # the processes the launcher starts, to refuse an impossible fault before it does
+        tier: [tier] + [f"{tier}-{n}" for n in range(2, (options.replicas or {}).get(tier, 1) + 1)]
+        for tier in TIER_NAMES
+    }
+    for kind in options.faults:
+        fault_targets(kind, options.tiers, planned, options.mesh)
     options.run_dir.mkdir(parents=True, exist_ok=True)
     with chaos_mesh(options, console) as children, SupervisorThread(children, options.run_dir):
         processes = tier_processes(children)
