@@ -16,6 +16,7 @@ from rich.table import Table
 from services.common.config import RouterConfig, load_config
 from services.common.tiers import TIER_NAMES
 
+PHRASINGS = ("seen", "unseen")
 ROUTER_CONFIG = Path(__file__).resolve().parent.parent / "router" / "config.toml"
 
 
@@ -34,6 +35,11 @@ def register(commands: Any) -> None:
         "--tiers", default="small,medium,large", help="tiers to run; others keep their results"
     )
     label.add_argument("--threads", type=int, default=2, help="torch threads")
+    label.add_argument(
+        "--new",
+        action="store_true",
+        help="run only the items the outcomes file lacks (e.g. new held-out phrasings)",
+    )
     label.set_defaults(func=cmd_label)
     train = actions.add_parser("train", help="train the predictor, tune cost_target on dev")
     train.add_argument("--quality-target", type=float, default=0.97, help="of always-large")
@@ -78,7 +84,8 @@ def cmd_label(args: argparse.Namespace) -> int:
                 progress.update(tasks[tier], completed=done, total=total)
 
             path = outcomes_path(split)
-            previous = load_outcomes(split) if path.is_file() and len(models) < 3 else None
+            reuse = len(models) < 3 or args.new
+            previous = load_outcomes(split) if path.is_file() and reuse else None
             outcomes = build_outcomes(
                 split,
                 models,
@@ -87,6 +94,7 @@ def cmd_label(args: argparse.Namespace) -> int:
                 progress=advance,
                 threads=args.threads,
                 previous=previous,
+                only_new=args.new,
             )
             write_outcomes(outcomes, outcomes_path(split))
             labels = {t: sum(o.label == t for o in outcomes) for t in (*TIER_NAMES, "none")}
@@ -165,9 +173,12 @@ def _print_table(report: dict[str, Any], console: Console) -> None:
     for column in ("policy", "accuracy", "vs large", "cost vs large", "misroute", "p99 route ms"):
         table.add_column(column, justify="left" if column == "policy" else "right")
     table.add_column("share small/medium/large")
+    table.add_column("accuracy seen/unseen")
     rows = [*report["policies"], *report["references"].values()]
     for row in rows:
         share = "/".join(f"{row['share'][t]:.0%}" for t in TIER_NAMES)
+        parts = row.get("by_phrasing", {})
+        apart = "/".join(f"{parts[p]['accuracy']:.3f}" if p in parts else "-" for p in PHRASINGS)
         table.add_row(
             row["name"],
             f"{row['accuracy']:.3f}",
@@ -176,6 +187,7 @@ def _print_table(report: dict[str, Any], console: Console) -> None:
             f"{row['misroute_rate']:.1%}",
             f"{row['p99_route_ms']:.3f}",
             share,
+            apart,
         )
     console.print(table)
     curve = report["adaptive_learning_curve"]

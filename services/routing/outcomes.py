@@ -35,12 +35,14 @@ class TierOutcome:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How every tier did on one request, and the cheapest correct tier ("none" if none)."""
+    """How every tier did on one request, and the cheapest correct tier ("none" if none);
+    `phrasing` says whether the request's wording is one training uses ("seen") or not."""
 
     id: str
     request_class: str
     prompt: str
     tiers: dict[str, TierOutcome]
+    phrasing: str = "seen"
 
     @property
     def label(self) -> str:
@@ -53,12 +55,14 @@ class Outcome:
             "prompt": self.prompt,
             "label": self.label,
             "tiers": {t: o.__dict__ for t, o in self.tiers.items()},
+            "phrasing": self.phrasing,
         }
 
     @staticmethod
     def from_json(row: dict[str, Any]) -> Outcome:
         tiers = {t: TierOutcome(**o) for t, o in row["tiers"].items()}
-        return Outcome(row["id"], row["request_class"], row["prompt"], tiers)
+        phrasing = str(row.get("phrasing", "seen"))
+        return Outcome(row["id"], row["request_class"], row["prompt"], tiers, phrasing)
 
 
 def outcomes_path(split: str, data_dir: Path = DATA_DIR) -> Path:
@@ -133,12 +137,19 @@ def build_outcomes(
     progress: Callable[[str, int, int], None] | None = None,
     threads: int = 2,
     previous: list[Outcome] | None = None,
+    only_new: bool = False,
 ) -> list[Outcome]:
-    """Runs each tier in `models` over the split (its first `limit` items) and scores the
-    answers; tiers not in `models` keep their results from `previous` (same items)."""
-    items = load_split(split)[:limit] if limit else load_split(split)
+    """Runs each tier in `models` over the split (its first `limit` items, seen and unseen
+    phrasings) and scores the answers; tiers not in `models` keep their results from `previous`
+    (same items). With `only_new`, items `previous` has every tier of keep its results and only
+    the others are run."""
+    every = load_split(split, phrasing=None)
+    every = every[:limit] if limit else every
+    kept = {o.id: o.tiers for o in previous or []}
+    done_ids = {i for i, tiers in kept.items() if set(models) <= set(tiers)} if only_new else set()
+    items = [item for item in every if item.id not in done_ids]
     per_tier: dict[str, list[tuple[str, int, float]]] = {}
-    for tier, model in models.items():
+    for tier, model in models.items() if items else ():
         done = 0
 
         def advance(n: int, tier: str = tier) -> None:
@@ -150,14 +161,17 @@ def build_outcomes(
         per_tier[tier] = asyncio.run(
             answer_all(model, items, max_tokens, progress=advance, threads=threads)
         )
-    kept = {o.id: o.tiers for o in previous or []}
+    positions = {item.id: index for index, item in enumerate(items)}
     outcomes = []
-    for index, item in enumerate(items):
-        tiers = {t: o for t, o in kept.get(item.id, {}).items() if t not in per_tier}
-        for tier, answers in per_tier.items():
-            text, tokens, confidence = answers[index]
-            tiers[tier] = TierOutcome(score(item, text), tokens, round(confidence, 5))
-        outcomes.append(Outcome(item.id, item.request_class, item.prompt, tiers))
+    for item in every:
+        if item.id in done_ids:
+            tiers = dict(kept[item.id])
+        else:
+            tiers = {t: o for t, o in kept.get(item.id, {}).items() if t not in per_tier}
+            for tier, answers in per_tier.items():
+                text, tokens, confidence = answers[positions[item.id]]
+                tiers[tier] = TierOutcome(score(item, text), tokens, round(confidence, 5))
+        outcomes.append(Outcome(item.id, item.request_class, item.prompt, tiers, item.phrasing))
     return outcomes
 
 

@@ -136,6 +136,7 @@ def route_eval(
         choices, p99_ms = _route_all(policy, outcomes)
         result = evaluate_choices(outcomes, choices, costs)
         rows.append(_row(name, result, large, costs, cost_weight, p99_ms))
+        rows[-1]["by_phrasing"] = by_phrasing(outcomes, choices, costs)
     rng = random.Random(seed)
     reference_choices = {
         "always_small": ["small"] * len(outcomes),
@@ -145,6 +146,7 @@ def route_eval(
     }
     references = {
         name: _row(name, evaluate_choices(outcomes, choices, costs), large, costs, cost_weight, 0.0)
+        | {"by_phrasing": by_phrasing(outcomes, choices, costs)}
         for name, choices in reference_choices.items()
     }
     sweep = threshold_sweep(model, outcomes, costs, cost_weight)
@@ -164,6 +166,23 @@ def route_eval(
         "static_threshold_tuned_on_dev": static_dev,
         "adaptive_learning_curve": curve,
     }
+
+
+def by_phrasing(
+    outcomes: Sequence[Outcome], choices: Sequence[str], costs: dict[str, float]
+) -> dict[str, dict[str, float]]:
+    """Requests, accuracy and cost of the same choices on seen and on unseen phrasings apart."""
+    report = {}
+    for phrasing in ("seen", "unseen"):
+        picked = [(o, c) for o, c in zip(outcomes, choices, strict=True) if o.phrasing == phrasing]
+        if picked:
+            result = evaluate_choices([o for o, _ in picked], [c for _, c in picked], costs)
+            report[phrasing] = {
+                "requests": len(picked),
+                "accuracy": round(result.accuracy, 4),
+                "cost": round(result.cost, 4),
+            }
+    return report
 
 
 def _row(

@@ -16,7 +16,7 @@ from services.routing.predictor_training import (
     train_model,
     tune_thresholds,
 )
-from services.routing.route_eval import learning_curve, mean_reward, route_eval
+from services.routing.route_eval import by_phrasing, learning_curve, mean_reward, route_eval
 from services.routing.simulation import evaluate_choices, misrouted, oracle_choice
 from services.workload import load_split
 
@@ -124,3 +124,26 @@ def test_route_eval_report_contract(trained) -> None:
     assert (
         tuned["static_threshold_tuned_on_dev"]["reward"] <= tuned["best_static_threshold"]["reward"]
     )
+
+
+def test_route_eval_reports_seen_and_unseen_phrasings_apart() -> None:
+    items = load_split("dev", phrasing=None)
+    unseen = [i for i in items if i.phrasing == "unseen"][:20]
+    chosen = [i for i in items if i.phrasing == "seen"][:40] + unseen
+    outcomes = [
+        Outcome(
+            i.id,
+            i.request_class,
+            i.prompt,
+            {t: TierOutcome(t == "large" or i.phrasing == "seen", 10, 0.9) for t in COSTS},
+            i.phrasing,
+        )
+        for i in chosen
+    ]
+    assert Outcome.from_json(outcomes[-1].to_json()) == outcomes[-1]
+    older = {k: v for k, v in outcomes[0].to_json().items() if k != "phrasing"}
+    assert Outcome.from_json(older).phrasing == "seen"  # rows written before phrasings existed
+    parts = by_phrasing(outcomes, ["small"] * len(outcomes), COSTS)
+    assert parts["seen"] == {"requests": 40, "accuracy": 1.0, "cost": 0.5}
+    assert parts["unseen"]["requests"] == 20 and parts["unseen"]["accuracy"] == 0.0
+    assert set(by_phrasing(outcomes[:40], ["large"] * 40, COSTS)) == {"seen"}
