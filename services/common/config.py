@@ -30,6 +30,9 @@ class TierConfig:
     engine: str = "torch"  # "torch", "tensorrt_llm" or "echo" (no model: load tests)
     device: str = "cpu"  # "cpu", "cuda", "cuda:N"
     dtype: str = "float32"  # weights in "float32", "bfloat16" or "float16"
+    # "lazy": weights memory-mapped from the safetensors files (no copy; pages read when used);
+    # "eager": transformers' from_pretrained, every tensor copied (README, Serving your own models)
+    weights_loading: str = "lazy"
     host: str = "127.0.0.1"
     port: int = 0  # 0 = any free port (tests)
     max_running: int = 4  # requests decoding at once (= KV-cache pool slots when batching)
@@ -57,6 +60,9 @@ class TierConfig:
         _require(self.name in TIER_NAMES, "name", f"must be one of {', '.join(TIER_NAMES)}")
         _require(self.engine in ENGINES, "engine", f"must be one of {', '.join(ENGINES)}")
         _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype", "unknown dtype")
+        _require(
+            self.weights_loading in ("lazy", "eager"), "weights_loading", "must be lazy or eager"
+        )
         _require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
         for name in ("max_running", "max_tokens", "max_prompt_tokens", "torch_threads"):
             _require(getattr(self, name) >= 1, name, "must be >= 1")

@@ -3,6 +3,12 @@
 The torch half of loading: the tokenizer, prompt rendering and detokenizing are in
 tokenizer_loading.py, which imports no torch. Never touches a model hub: every load passes
 local_files_only. Knows nothing of gRPC.
+
+Two ways to read the weights (`WEIGHTS_LOADING`): "eager", transformers' `from_pretrained`,
+which builds the model and copies every tensor out of the safetensors files; and "lazy", which
+builds the model without initialising its weights and assigns tensors memory-mapped from the
+files (`safetensors.safe_open`), so a weight costs no copy and its pages are read when first
+used. Both give the same model (same tensors, same buffers, tied weights tied).
 """
 
 from __future__ import annotations
@@ -18,6 +24,18 @@ from services.tier.tokenizer_loading import eos_token_ids, load_tokenizer
 
 REQUIRED_FILES = ("config.json", "tokenizer.json")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+WEIGHTS_LOADING = ("lazy", "eager")
+# the process's default when load_causal_lm is not told: a tier process sets it from its config
+# (TierConfig.weights_loading) before its engine starts
+_default_loading = "lazy"
+
+
+def set_default_loading(loading: str) -> None:
+    """Sets how this process's later loads read weights, unless a load is told otherwise."""
+    global _default_loading
+    if loading not in WEIGHTS_LOADING:
+        raise ModelFolderError(f"weights_loading {loading!r} is not one of lazy, eager")
+    _default_loading = loading
 
 
 class ModelFolderError(ValueError):
@@ -63,8 +81,50 @@ def imported_dtype(path: Path) -> str | None:
     return dtype if isinstance(dtype, str) else None
 
 
-def load_causal_lm(path: Path, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
-    """Loads the model and tokenizer in `path` onto `device` with weights in `dtype`."""
+def _load_lazy(path: Path, dtype: torch.dtype) -> Any:
+    """Builds the model with uninitialised weights, then assigns tensors memory-mapped from the
+    folder's safetensors files (a copy only where the dtype differs), and ties tied weights."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    with no_init_weights():
+        model: Any = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+    expected = model.state_dict()
+    state: dict[str, torch.Tensor] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as weights:
+            for key in weights.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if key in expected:
+                    state[key] = weights.get_tensor(key).to(dtype)
+    missing = [key for key in expected if key not in state]
+    tied = _tied_keys(model)
+    untied_missing = [key for key in missing if key not in tied]
+    if untied_missing:
+        raise ModelFolderError(
+            f"model folder {path}: the safetensors lack {', '.join(untied_missing[:5])}"
+        )
+    model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    return model
+
+
+def _tied_keys(model: Any) -> set[str]:
+    """The state-dict keys that are ties to another weight (absent from a saved checkpoint)."""
+    keys = getattr(model, "all_tied_weights_keys", None) or getattr(
+        model, "_tied_weights_keys", None
+    )
+    if isinstance(keys, dict):
+        return set(keys)
+    return set(keys or ())
+
+
+def load_causal_lm(
+    path: Path, device: str = "cpu", dtype: str = "float32", loading: str | None = None
+) -> LoadedModel:
+    """Loads the model and tokenizer in `path` onto `device` with weights in `dtype`, reading
+    the weights `loading` ("lazy" or "eager"; None = the process default)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -76,10 +136,17 @@ def load_causal_lm(path: Path, device: str = "cpu", dtype: str = "float32") -> L
         raise ModelFolderError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelFolderError(f"device {device!r} requested but CUDA is not available")
+    loading = loading or _default_loading
+    if loading not in WEIGHTS_LOADING:
+        raise ModelFolderError(f"weights_loading {loading!r} is not one of lazy, eager")
     tokenizer = load_tokenizer(path)
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        str(path), local_files_only=True, dtype=DTYPES[dtype]
-    )
+    model: Any
+    if loading == "lazy":
+        model = _load_lazy(path, DTYPES[dtype])
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), local_files_only=True, dtype=DTYPES[dtype]
+        )
     model.to(device)
     model.eval()
     config = json.loads((path / "config.json").read_text())

@@ -28,8 +28,9 @@ from services.common.telemetry import setup_telemetry
 from services.security.settings import ServiceSecurity
 from services.tier.engine import Engine
 from services.tier.factory import create_engine
-from services.tier.model_loading import imported_dtype
+from services.tier.model_loading import imported_dtype, set_default_loading
 from services.tier.servicer import TierServicer
+from services.tier.startup_record import StartupRecord, process_age_s
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +58,23 @@ class TierServer:
         await self.engine.shutdown()
 
 
-async def start_tier(config: TierConfig, security: ServiceSecurity | None = None) -> TierServer:
+async def start_tier(
+    config: TierConfig, security: ServiceSecurity | None = None, own_process: bool = False
+) -> TierServer:
     """Starts the server (NOT_SERVING), loads the model, then reports SERVING. `security`
-    (TLS, the callers allowed) from the environment in `main`; plaintext when None."""
+    (TLS, the callers allowed) from the environment in `main`; plaintext when None.
+    `own_process`: the process is this tier's alone, so its age counts as the "imports" phase
+    of the start-up breakdown (GetStatus)."""
+    startup = StartupRecord(
+        imports_s=process_age_s() if own_process else None,
+        weights_loading=config.weights_loading if config.engine != "echo" else "",
+    )
     security = security or ServiceSecurity()
     security.check_listen(config.host, f"tier {config.name}")
+    set_default_loading(config.weights_loading)  # one tier per process: its loads read so
     engine = create_engine(config)
     servicer = TierServicer(config.name, engine, config.max_tokens)
+    servicer.startup = startup
     running = await start_server(
         config.host,
         config.port,
@@ -78,7 +89,9 @@ async def start_tier(config: TierConfig, security: ServiceSecurity | None = None
     except BaseException:
         await running.server.stop(0)
         raise
+    startup.serving(getattr(engine, "startup_s", {}))
     await running.set_serving(True)
+    log.info("tier %s: SERVING after %s", config.name, startup.describe())
     return TierServer(config, engine, running)
 
 
@@ -98,7 +111,7 @@ def parse_args(argv: list[str], default_config: Path) -> argparse.Namespace:
 
 async def _serve(config: TierConfig, security: ServiceSecurity) -> None:
     telemetry = setup_telemetry(f"tier-{config.name}", prometheus_port=config.metrics_port)
-    tier = await start_tier(config, security)
+    tier = await start_tier(config, security, own_process=True)
     log.info("tier %s serving %s on %s", config.name, config.model_path, tier.address)
     await serve_until_signalled(tier.running, config.drain_grace_s, tier.engine.shutdown)
     telemetry.shutdown()

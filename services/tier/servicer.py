@@ -25,7 +25,9 @@ from services.common.validation import (
     conversation,
 )
 from services.tier.engine import Engine, GenerationRequest, GenerationUsage, Sampling
+from services.tier.startup_record import StartupRecord
 from services.tier.tier_telemetry import TierTelemetry
+from services.tier.utilisation import RecentUtilisation
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,8 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
         self._engine = engine
         self._max_tokens = max_tokens
         self._telemetry = TierTelemetry(tier, engine)
+        self.startup = StartupRecord()  # filled in by the server once the tier is SERVING
+        self._recent = RecentUtilisation()
 
     def _request(
         self, request: tier_pb2.GenerateRequest, deadline_s: float | None = None
@@ -100,6 +104,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
                     if first_token_ns is None:
                         first_token_ns = time.time_ns()
                     usage, finish = chunk.usage or usage, chunk.finish_reason or finish
+                    self._recent.add_tokens(len(chunk.token_ids))
                     yield tier_pb2.GenerateChunk(
                         token_ids=chunk.token_ids,
                         text=chunk.text,
@@ -126,6 +131,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
 
     def _status(self) -> tier_pb2.TierStatus:
         load = self._engine.load()
+        self._recent.sample_pool(load.kv_pool_used_tokens, load.kv_pool_capacity_tokens)
         return tier_pb2.TierStatus(
             tier=self._tier,
             model=load.model,
@@ -150,6 +156,14 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
             params=load.params,
             decode_busy_share=load.decode_busy_share,
             model_id=model_id(self._tier, load.model),
+            startup_phases=[
+                tier_pb2.StartupPhase(name=name, seconds=seconds)
+                for name, seconds in self.startup.phases
+            ],
+            startup_s=self.startup.total_s,
+            weights_loading=self.startup.weights_loading,
+            recent_tokens_per_s=self._recent.tokens_per_s(),
+            recent_kv_pool_use_share=self._recent.kv_pool_use_share(),
         )
 
     async def GetStatus(
