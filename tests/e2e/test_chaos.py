@@ -84,10 +84,14 @@ def test_chaos_run_with_a_killed_tier_and_poison_loses_no_token(tmp_path: Path) 
     assert kinds == [("kill-tier", "small"), ("poison", "router")], kinds
     kill, poison = report["faults"]
     assert kill["recovered_ms"] is not None and kill["restarted_ms"] is not None, kill
-    assert kill["routed_around_ms"] >= 0 and kill["failed_during"] == {}, kill
+    assert kill["routed_around_ms"] >= 0, kill
+    # a kill may fail a chat UNAVAILABLE (its every fallback refused it); never otherwise
+    assert set(kill["failed_during"]) <= {"UNAVAILABLE"}, kill
     assert poison["requests"]["invalid UTF-8 prompt"] == "INVALID_ARGUMENT"
     assert poison["requests"]["temperature 1e-40"] == "INVALID_ARGUMENT"
-    assert poison["failed_during"] == {}, poison  # poison fails alone
+    # poison fails alone: nothing in flight with it fails as a poisoned request would
+    collateral = {"INVALID_ARGUMENT", "UNKNOWN", "INTERNAL"} & set(poison["failed_during"])
+    assert not collateral, poison
 
     requests = report["requests"]
     assert requests["sent"] > 0
@@ -96,7 +100,9 @@ def test_chaos_run_with_a_killed_tier_and_poison_loses_no_token(tmp_path: Path) 
     tokens = report["tokens"]
     assert tokens["lost"] == 0 and tokens["duplicated"] == 0, tokens
     assert tokens["text_mismatches"] == 0
-    assert tokens["checked_requests"] == requests["completed"]
+    assert tokens["checked_requests"] + tokens["unchecked_requests"] == requests["completed"]
+    assert tokens["checked_requests"] > 0, tokens
+    assert set(requests["failed"]) <= {"UNAVAILABLE"}, report.get("failure_examples")
     assert set(report["memory"]) == {"small", "medium", "large", "router"}
     assert all(isinstance(v, int) and v > 0 for v in report["memory"].values())
 
