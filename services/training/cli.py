@@ -81,6 +81,12 @@ def register(subparsers: Any) -> None:
     evaluate.add_argument(
         "--limit", type=int, default=200, help="most items per class and phrasing (0 = all)"
     )
+    evaluate.add_argument(
+        "--phrasing",
+        choices=("all", "seen", "unseen"),
+        default="all",
+        help="evaluate the items of seen phrasings, of unseen (held-out) ones, or both",
+    )
     evaluate.add_argument("--tiers", nargs="+", choices=TIER_CHOICES, default=list(TIER_CHOICES))
     evaluate.add_argument("--out", type=Path, help="read <out>/<tier>/ instead of services/tier_*")
     evaluate.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
@@ -281,7 +287,8 @@ def run_eval(args: argparse.Namespace) -> int:
 
     console = Console(stderr=args.json)
     torch.set_num_threads(args.threads)
-    items = per_class(load_split(args.split, phrasing=None), args.limit or None)
+    phrasing = None if args.phrasing == "all" else args.phrasing
+    items = per_class(load_split(args.split, phrasing=phrasing), args.limit or None)
     results: list[TierEvaluation] = []
     with Progress(console=console, transient=True) as progress:
         for tier in args.tiers:

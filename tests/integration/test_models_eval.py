@@ -28,3 +28,8 @@ def test_eval_json_reports_seen_and_unseen_accuracy(
         assert accuracy is None or 0.0 <= accuracy <= 1.0
     for field in ("params", "bytes", "tokens_per_s", "ttft_ms"):
         assert field in small
+    assert main([*argv, "--limit", "1", "--split", "dev", "--phrasing", "unseen"]) == 0
+    only_unseen = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tiers"]["small"]
+    assert only_unseen["counts"] == {"simple": 0, "medium": 0, "complex": 0}
+    assert only_unseen["counts_unseen"] == {"simple": 1, "medium": 1, "complex": 0}
+    assert set(only_unseen["accuracy"].values()) == {None}
