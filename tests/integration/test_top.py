@@ -1,0 +1,71 @@
+"""`tiermesh top --once --json` against a real router and tiers (tiny model, in-process on port
+0): one row per tier replica from its GetStatus, with the router's health, in the README's shape."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tiermesh.client import AsyncRouterClient
+
+from services.cli.main import main
+from tests.integration.mesh import start_mesh
+from tests.integration.processes import write_toml
+
+ROW_FIELDS = {
+    "tier", "address", "error", "model", "engine", "serving", "queued", "max_queued", "running",
+    "max_running", "kv_pool_used_tokens", "kv_pool_capacity_tokens", "kv_pool_use_share",
+    "decode_busy_share", "tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "completed", "rejected",
+    "startup_s", "startup_phases", "weights_loading",
+}  # fmt: skip
+
+
+async def top_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    code = await asyncio.to_thread(main, ["top", "--once", "--json", *argv])
+    assert code == 0
+    snapshot: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return snapshot
+
+
+async def test_top_once_json_reads_every_tier_of_the_router(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mesh = await start_mesh(tiny_model_dir, tiers=("small", "large"))
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            await client.chat("What is your return policy?", mode="pinned", tier="small")
+        targets = {name: tier.address for name, tier in mesh.tiers.items()}
+        router_config = write_toml(tmp_path / "router.toml", {}, {"tiers": targets})
+        snapshot = await top_json(
+            capsys, "--router", mesh.address, "--router-config", str(router_config)
+        )
+        assert snapshot["router"] == {"address": mesh.address, "serving": True}
+        rows = {row["tier"]: row for row in snapshot["tiers"]}
+        assert set(rows) == {"small", "large"}
+        for name, row in rows.items():
+            assert set(row) == ROW_FIELDS
+            assert row["address"] == targets[name]
+            assert row["error"] is None and row["serving"]
+            assert row["model"] == f"{name}/{tiny_model_dir.name}"
+            assert row["kv_pool_capacity_tokens"] > 0
+            assert 0.0 <= row["decode_busy_share"] <= 1.0
+            assert 0.0 <= row["kv_pool_use_share"] <= 1.0
+            assert list(row["startup_phases"]) == ["weights", "kv_pool", "warm_up"]
+            assert row["weights_loading"] == "lazy"
+        assert rows["small"]["completed"] == 1 and rows["small"]["tokens_per_s"] > 0
+        assert rows["small"]["ttft_ms_p50"] > 0
+        assert rows["large"]["completed"] == 0 and rows["large"]["tokens_per_s"] == 0
+
+        # --tier names replicas directly; one that does not answer gets its error, not a crash
+        down = "127.0.0.1:1"
+        snapshot = await top_json(
+            capsys, "--router", mesh.address, "--tier", f"small={targets['small']}", "--tier", down
+        )
+        small, missing = snapshot["tiers"]
+        assert small["tier"] == "small" and small["error"] is None
+        assert missing["address"] == down and missing["error"].startswith("UNAVAILABLE")
+    finally:
+        await mesh.stop()
