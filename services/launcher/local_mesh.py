@@ -33,6 +33,7 @@ from services.common.config import TierConfig, load_config
 from services.common.errors import ConfigError
 from services.common.parent_watch import child_environment
 from services.common.tiers import TIER_NAMES
+from services.launcher import tier_summary
 from services.launcher.echo_tiers import EchoSettings, echo_tier_command
 from services.launcher.secure_run import SecureRun, prepare_secure_run
 from services.launcher.supervisor import Supervisor, stop_in_order
@@ -295,8 +296,8 @@ def is_http_healthy(url: str) -> bool:
 
 def tier_memory(
     address: str, credentials: grpc.ChannelCredentials | None = None
-) -> tuple[str, str]:
-    """The tier's model and a memory line, from its GetStatus: weights + KV-cache pool."""
+) -> tuple[str, str, str]:
+    """The tier's model, memory (weights + KV-cache pool) and cold start, from its GetStatus."""
     from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
     try:
@@ -305,13 +306,8 @@ def tier_memory(
                 tier_pb2.GetStatusRequest(), timeout=2
             )
     except grpc.RpcError:
-        return "?", "?"
-    mib = 1024 * 1024
-    weights, pool = status.weights_bytes / mib, status.kv_pool_bytes / mib
-    return (
-        f"{status.params / 1e6:.1f}M params",
-        f"{weights:.1f} + {pool:.1f} MiB",
-    )
+        return tier_summary.UNKNOWN
+    return tier_summary.tier_cells(status)
 
 
 def stop_all(children: list[Child], grace_s: float = 15.0) -> None:
@@ -404,13 +400,13 @@ def _print_addresses(
     credentials: grpc.ChannelCredentials | None = None,
 ) -> None:
     table = Table(title="tiermesh is up")
-    for column in ("service", "address", "pid", "model", "memory: weights + KV pool"):
+    for column in ("service", "address", "pid", *tier_summary.COLUMNS):
         table.add_column(column)
     for child in children:
         pid = str(child.process.pid) if child.process else "-"
         tier = child.name.partition("-")[0]  # "small-2" is a replica of small
-        model, memory = tier_memory(child.address, credentials) if tier in TIER_NAMES else ("", "")
-        table.add_row(child.name, child.address, pid, model, memory)
+        cells = tier_memory(child.address, credentials) if tier in TIER_NAMES else ("", "", "")
+        table.add_row(child.name, child.address, pid, *cells)
     console.print(table)
     console.print(f"logs: {children[0].log_path.parent}/<service>.log")
     router = children[-1].address
