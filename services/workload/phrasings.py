@@ -181,8 +181,12 @@ TRANSFORMS: tuple[Transform, ...] = (_lower, _upper, _punctuation, _typo, _conte
 
 
 def _reworded(base: str, protected: frozenset[str], rng: random.Random, least: int) -> str:
-    """The base question with `least` to 2 seeded surface transforms applied."""
+    """The base question with `least` to 2 seeded surface transforms applied. Upper case comes
+    alone: with a greeting or context the prompt can outgrow what a built-in tier admits
+    (upper-case words take several tokens each)."""
     chosen = rng.sample(range(len(TRANSFORMS)), rng.randint(least, 2))
+    if TRANSFORMS.index(_upper) in chosen:
+        chosen = [TRANSFORMS.index(_upper)]
     for index in sorted(chosen):
         base = TRANSFORMS[index](base, protected, rng)
     return base

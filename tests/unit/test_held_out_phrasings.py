@@ -82,3 +82,23 @@ def test_build_splits_matches_what_load_split_reads() -> None:
     built = build_splits()
     for spec in SPLITS:
         assert load_split(spec.name, phrasing=None) == built[spec.name]
+
+
+def test_every_prompt_fits_the_built_in_context_with_the_routers_max_tokens() -> None:
+    """A tier refuses a prompt whose tokens plus max_tokens pass its model's context; the routing
+    labels ask for the router's max_tokens, so every dev and test prompt must leave room."""
+    from transformers import AutoTokenizer
+
+    from services.common.config import RouterConfig, load_config
+    from services.tier.tokenizer_loading import render_prompt
+
+    model = Path(__file__).resolve().parents[2] / "services" / "tier_small" / "model"
+    router = Path(__file__).resolve().parents[2] / "services" / "router" / "config.toml"
+    context = json.loads((model / "config.json").read_text())["n_positions"]
+    room = context - load_config(RouterConfig, router).max_tokens
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    for name in ("dev", "test"):
+        for item in load_split(name, phrasing="unseen"):
+            rendered = render_prompt(tokenizer, [("user", item.prompt)])
+            length = len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+            assert length <= room, (item.id, item.prompt, length)
