@@ -81,6 +81,17 @@ def imported_dtype(path: Path) -> str | None:
     return dtype if isinstance(dtype, str) else None
 
 
+def import_model_code(path: Path) -> None:
+    """Imports transformers and the model class the folder's config names (its first import
+    costs seconds), so that a timed load measures reading the weights only."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    check_model_folder(path)
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]  # the lazy mapping imports the class's module
+
+
 def _load_lazy(path: Path, dtype: torch.dtype) -> Any:
     """Builds the model with uninitialised weights, then assigns tensors memory-mapped from the
     folder's safetensors files (a copy only where the dtype differs), and ties tied weights."""

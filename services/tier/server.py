@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import logging
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from services.common.telemetry import setup_telemetry
 from services.security.settings import ServiceSecurity
 from services.tier.engine import Engine
 from services.tier.factory import create_engine
-from services.tier.model_loading import imported_dtype, set_default_loading
+from services.tier.model_loading import import_model_code, imported_dtype, set_default_loading
 from services.tier.servicer import TierServicer
 from services.tier.startup_record import StartupRecord, process_age_s
 
@@ -85,14 +86,26 @@ async def start_tier(
         reflection_on=security.reflection,
     )
     try:
+        model_code_s = await _import_model_code(config)
         await engine.start()
     except BaseException:
         await running.server.stop(0)
         raise
-    startup.serving(getattr(engine, "startup_s", {}))
+    startup.serving(model_code_s | getattr(engine, "startup_s", {}))
     await running.set_serving(True)
     log.info("tier %s: SERVING after %s", config.name, startup.describe())
     return TierServer(config, engine, running)
+
+
+async def _import_model_code(config: TierConfig) -> dict[str, float]:
+    """The "model_code" phase: transformers and the model's class imported before the engine
+    loads, so that its "weights" phase is the weights alone. Nothing for an engine without a
+    transformers model (echo, TensorRT-LLM)."""
+    if config.engine != "torch":
+        return {}
+    started = time.perf_counter()
+    await asyncio.to_thread(import_model_code, config.model_path)
+    return {"model_code": time.perf_counter() - started}
 
 
 def parse_args(argv: list[str], default_config: Path) -> argparse.Namespace:
