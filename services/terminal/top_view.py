@@ -50,7 +50,8 @@ def snapshot_table(snapshot: Snapshot) -> Table:
         )
     for row in snapshot["tiers"]:
         if row.get("error"):
-            table.add_row(row["tier"], row["address"], "[red]down[/red]", row["error"])
+            blanks = [""] * (len(COLUMNS) - 4)
+            table.add_row(row["tier"], row["address"], "[red]down[/red]", *blanks, row["error"])
             continue
         table.add_row(
             row["tier"],
