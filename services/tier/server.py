@@ -68,7 +68,7 @@ async def start_tier(
     of the start-up breakdown (GetStatus)."""
     startup = StartupRecord(
         imports_s=process_age_s() if own_process else None,
-        weights_loading=config.weights_loading if config.engine != "echo" else "",
+        weights_loading=config.weights_loading if config.engine == "torch" else "",
     )
     security = security or ServiceSecurity()
     security.check_listen(config.host, f"tier {config.name}")
