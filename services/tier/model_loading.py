@@ -25,17 +25,6 @@ from services.tier.tokenizer_loading import eos_token_ids, load_tokenizer
 REQUIRED_FILES = ("config.json", "tokenizer.json")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 WEIGHTS_LOADING = ("lazy", "eager")
-# the process's default when load_causal_lm is not told: a tier process sets it from its config
-# (TierConfig.weights_loading) before its engine starts
-_default_loading = "lazy"
-
-
-def set_default_loading(loading: str) -> None:
-    """Sets how this process's later loads read weights, unless a load is told otherwise."""
-    global _default_loading
-    if loading not in WEIGHTS_LOADING:
-        raise ModelFolderError(f"weights_loading {loading!r} is not one of lazy, eager")
-    _default_loading = loading
 
 
 class ModelFolderError(ValueError):
@@ -132,10 +121,10 @@ def _tied_keys(model: Any) -> set[str]:
 
 
 def load_causal_lm(
-    path: Path, device: str = "cpu", dtype: str = "float32", loading: str | None = None
+    path: Path, device: str = "cpu", dtype: str = "float32", loading: str = "lazy"
 ) -> LoadedModel:
     """Loads the model and tokenizer in `path` onto `device` with weights in `dtype`, reading
-    the weights `loading` ("lazy" or "eager"; None = the process default)."""
+    the weights `loading` ("lazy" or "eager": a tier's `weights_loading`)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -147,7 +136,6 @@ def load_causal_lm(
         raise ModelFolderError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelFolderError(f"device {device!r} requested but CUDA is not available")
-    loading = loading or _default_loading
     if loading not in WEIGHTS_LOADING:
         raise ModelFolderError(f"weights_loading {loading!r} is not one of lazy, eager")
     tokenizer = load_tokenizer(path)

@@ -29,7 +29,7 @@ from services.common.telemetry import setup_telemetry
 from services.security.settings import ServiceSecurity
 from services.tier.engine import Engine
 from services.tier.factory import create_engine
-from services.tier.model_loading import import_model_code, imported_dtype, set_default_loading
+from services.tier.model_loading import import_model_code, imported_dtype
 from services.tier.servicer import TierServicer
 from services.tier.startup_record import StartupRecord, process_age_s
 
@@ -72,7 +72,6 @@ async def start_tier(
     )
     security = security or ServiceSecurity()
     security.check_listen(config.host, f"tier {config.name}")
-    set_default_loading(config.weights_loading)  # one tier per process: its loads read so
     engine = create_engine(config)
     servicer = TierServicer(config.name, engine, config.max_tokens)
     servicer.startup = startup

@@ -68,7 +68,12 @@ class TorchEngine(EngineLifecycle):
         )
         started = time.perf_counter()
         loaded = await loop.run_in_executor(
-            self._torch_thread, load_causal_lm, cfg.model_path, cfg.device, cfg.dtype
+            self._torch_thread,
+            load_causal_lm,
+            cfg.model_path,
+            cfg.device,
+            cfg.dtype,
+            cfg.weights_loading,
         )
         self.startup_s["weights"] = time.perf_counter() - started
         max_len = pool_positions(cfg, loaded.context_length)
