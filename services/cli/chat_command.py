@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from tiermesh.client.requests import MODES
 
+from services.cli.client_flags import add_client_security_flags
 from services.common import env
 from services.common.parent_watch import stop_with_parent
 from services.common.tiers import TIER_NAMES
@@ -132,8 +132,5 @@ def register_chat(commands: Any) -> None:
     chat.add_argument("--max-tokens", type=int, help="most tokens per revision")
     chat.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     chat.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
-    chat.add_argument("--api-key", help="API key (default $TIERMESH_API_KEY)")
-    chat.add_argument("--ca", type=Path, help="CA file: talk TLS to the router")
-    chat.add_argument("--cert", type=Path, help="client certificate (mTLS), with --key")
-    chat.add_argument("--key", type=Path, help="the client certificate's key")
+    add_client_security_flags(chat, "the router")
     chat.set_defaults(func=cmd_chat)

@@ -21,6 +21,7 @@ from tiermesh.client import tls_credentials
 from tiermesh.client.router_client import API_KEY_ENV
 from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
+from services.cli.client_flags import add_client_security_flags
 from services.common import env
 from services.common.config import RouterConfig, load_config
 from services.common.errors import TiermeshError
@@ -190,8 +191,5 @@ def register(commands: Any) -> None:
     top.add_argument("--once", action="store_true", help="one snapshot, then exit")
     top.add_argument("--json", action="store_true", help="with --once: the snapshot as JSON")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
-    top.add_argument("--api-key", help="API key (default $TIERMESH_API_KEY)")
-    top.add_argument("--ca", type=Path, help="CA file: talk TLS to the router and the tiers")
-    top.add_argument("--cert", type=Path, help="client certificate (mTLS), with --key")
-    top.add_argument("--key", type=Path, help="the client certificate's key")
+    add_client_security_flags(top, "the router and the tiers")
     top.set_defaults(func=run_top)

@@ -19,16 +19,8 @@ from services.tier.model_loading import load_causal_lm
 from services.tier.pooled_models import PooledPasses, pooled_passes
 from services.tier.tokenizer_loading import encode_prompt
 from services.tier.torch_engine import TorchEngine
+from tests.engine_prompts import PROMPTS
 from tests.tiny_llama import build_tiny_llama
-
-PROMPTS = [
-    "What is your return policy?",
-    "How much does the blue kettle cost?",
-    "Hi",
-    "Shipping is free on orders over 50 dollars. Delivery takes 3 to 5 days. When?",
-    "The total for 2 mugs",
-    "Hello, thank you",
-]
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama", "qwen2"])

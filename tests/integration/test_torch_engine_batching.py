@@ -16,15 +16,7 @@ from services.tier.engine import GenerationRequest, Sampling
 from services.tier.model_loading import load_causal_lm
 from services.tier.tokenizer_loading import encode_prompt
 from services.tier.torch_engine import TorchEngine
-
-PROMPTS = [
-    "What is your return policy?",
-    "How much does the blue kettle cost?",
-    "Hi",
-    "Shipping is free on orders over 50 dollars. Delivery takes 3 to 5 days. When?",
-    "The total for 2 mugs",
-    "Hello, thank you",
-]
+from tests.engine_prompts import PROMPTS
 
 
 async def _engine(model_dir: Path, **options: object) -> TorchEngine:
