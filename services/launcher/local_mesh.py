@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -38,6 +39,9 @@ from services.launcher.echo_tiers import EchoSettings, echo_tier_command
 from services.launcher.secure_run import SecureRun, prepare_secure_run
 from services.launcher.supervisor import Supervisor, stop_in_order
 from services.security.tls import channel_credentials
+
+if TYPE_CHECKING:
+    from tiermesh.v1 import tier_pb2
 
 SERVICES_DIR = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 300.0
@@ -294,20 +298,20 @@ def is_http_healthy(url: str) -> bool:
         return False
 
 
-def tier_memory(
+def tier_status(
     address: str, credentials: grpc.ChannelCredentials | None = None
-) -> tuple[str, str, str]:
-    """The tier's model, memory (weights + KV-cache pool) and cold start, from its GetStatus."""
+) -> tier_pb2.TierStatus | None:
+    """The tier's GetStatus (model, memory, cold start), or None if it does not answer."""
     from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
     try:
         with _channel(address, credentials) as channel:
-            status = tier_pb2_grpc.TierServiceStub(channel).GetStatus(
+            status: tier_pb2.TierStatus = tier_pb2_grpc.TierServiceStub(channel).GetStatus(
                 tier_pb2.GetStatusRequest(), timeout=2
             )
     except grpc.RpcError:
-        return tier_summary.UNKNOWN
-    return tier_summary.tier_cells(status)
+        return None
+    return status
 
 
 def stop_all(children: list[Child], grace_s: float = 15.0) -> None:
@@ -401,13 +405,23 @@ def _print_addresses(
 ) -> None:
     table = Table(title="tiermesh is up")
     for column in ("service", "address", "pid", *tier_summary.COLUMNS):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column == "address")
+    cold_starts = []
     for child in children:
         pid = str(child.process.pid) if child.process else "-"
         tier = child.name.partition("-")[0]  # "small-2" is a replica of small
-        cells = tier_memory(child.address, credentials) if tier in TIER_NAMES else ("", "", "")
+        cells = ("", "", "")
+        if tier in TIER_NAMES:
+            status = tier_status(child.address, credentials)
+            cells = tier_summary.tier_cells(status)
+            cold_starts.append(tier_summary.startup_line(child.name, status))
         table.add_row(child.name, child.address, pid, *cells)
     console.print(table)
+    lines = [line for line in cold_starts if line]
+    if lines:
+        console.print("cold start to SERVING:")
+        for line in lines:
+            console.print(f"  {line}")
     console.print(f"logs: {children[0].log_path.parent}/<service>.log")
     router = children[-1].address
     flag = "" if router == env.DEFAULT_ROUTER_ADDRESS else f" --router {router}"
