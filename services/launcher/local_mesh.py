@@ -14,70 +14,34 @@ import functools
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
-from rich.table import Table
 
 from mesh.bootstrap import XdsTls
 from services.common import env
 from services.common.config import TierConfig, load_config
 from services.common.errors import ConfigError
-from services.common.parent_watch import child_environment
 from services.common.tiers import TIER_NAMES
-from services.launcher import tier_summary
+from services.launcher.child_process import SERVICES_DIR
+from services.launcher.child_process import Child as Child  # re-exported: chaos, bench, tests
 from services.launcher.echo_tiers import EchoSettings, echo_tier_command
 from services.launcher.secure_run import SecureRun, prepare_secure_run
+from services.launcher.start_report import demo_chat, print_start_report
 from services.launcher.supervisor import Supervisor, stop_in_order
 from services.security.tls import channel_credentials
 
 if TYPE_CHECKING:
     from tiermesh.v1 import tier_pb2
 
-SERVICES_DIR = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 300.0
-
-
-@dataclass
-class Child:
-    name: str
-    address: str
-    command: list[str]
-    log_path: Path
-    process: subprocess.Popen[bytes] | None = None
-    env: dict[str, str] | None = None  # added to this process's environment
-    health_url: str | None = None  # HTTP health endpoint; None = gRPC health at `address`
-
-    def start(self, append: bool = False) -> None:
-        """Starts the process; `append` keeps the log of an earlier run (a restart)."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        child_env = child_environment({**os.environ, **(self.env or {})})
-        with self.log_path.open("ab" if append else "wb") as log:
-            self.process = subprocess.Popen(
-                self.command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=SERVICES_DIR.parent,
-                env=child_env,
-            )
-
-    def exited(self) -> int | None:
-        return None if self.process is None else self.process.poll()
-
-    def log_tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
 
 # `--base-port B` layout: router B, tiers B+10..12, metrics B+20..23, control plane B+30,
@@ -366,7 +330,9 @@ def run_mesh(
             child.start()
         if not wait_healthy(children, console, credentials):
             return 1
-        _print_addresses(children, run_dir, console, secure_run, credentials)
+        print_start_report(
+            children, console, lambda address: tier_status(address, credentials), secure_run
+        )
         if mesh:
             control_plane = next(c for c in children if c.name == "control-plane")
             status = f"tiermesh mesh status --address {control_plane.address}"
@@ -378,7 +344,7 @@ def run_mesh(
                 f"(edits are served); {status}"
             )
         if demo_prompt and not stop_requested:
-            _demo(children[-1].address, demo_prompt, console, secure_run)
+            demo_chat(children[-1].address, demo_prompt, console, secure_run)
         healthy = functools.partial(is_healthy, credentials=credentials)
         supervisor = Supervisor(children, healthy, console, run_dir / "pids.json")
         console.print(f"pids: {run_dir / 'pids.json'}; a crashed service is restarted")
@@ -394,61 +360,3 @@ def run_mesh(
         stop_all(children)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _print_addresses(
-    children: list[Child],
-    run_dir: Path,
-    console: Console,
-    secure: SecureRun | None = None,
-    credentials: grpc.ChannelCredentials | None = None,
-) -> None:
-    table = Table(title="tiermesh is up")
-    for column in ("service", "address", "pid", *tier_summary.COLUMNS):
-        table.add_column(column, no_wrap=column == "address")
-    cold_starts = []
-    for child in children:
-        pid = str(child.process.pid) if child.process else "-"
-        tier = child.name.partition("-")[0]  # "small-2" is a replica of small
-        cells = ("", "", "")
-        if tier in TIER_NAMES:
-            status = tier_status(child.address, credentials)
-            cells = tier_summary.tier_cells(status)
-            cold_starts.append(tier_summary.startup_line(child.name, status))
-        table.add_row(child.name, child.address, pid, *cells)
-    console.print(table)
-    lines = [line for line in cold_starts if line]
-    if lines:
-        console.print("cold start to SERVING:")
-        for line in lines:
-            console.print(f"  {line}")
-    console.print(f"logs: {children[0].log_path.parent}/<service>.log")
-    router = children[-1].address
-    flag = "" if router == env.DEFAULT_ROUTER_ADDRESS else f" --router {router}"
-    if secure is not None:
-        console.print(
-            f"secure: TLS on every service, mTLS router -> tiers, API keys in {secure.keys_file}"
-            f"; certificates in {secure.certs}"
-        )
-        console.print("  a key: [bold]tiermesh keys create --name demo --scopes chat[/bold]")
-        flag += f" --ca {secure.ca} --api-key KEY"
-    console.print(
-        f'try: [bold]tiermesh chat{flag} --mode progressive "How long does delivery take?"[/bold]'
-    )
-    gateway = next((c for c in children if c.name == "gateway"), None)
-    if gateway is not None:
-        console.print(f"chat page: [bold]http://{gateway.address}/[/bold]")
-        console.print(f"OpenAI API: http://{gateway.address}/v1 (model tiermesh-progressive, ...)")
-
-
-def _demo(router: str, prompt: str, console: Console, secure: SecureRun | None = None) -> None:
-    from tiermesh.client import RouterClient, tls_credentials
-
-    from services.terminal.chat_view import show_live
-
-    console.print(f"[bold]demo:[/bold] progressive chat: {prompt!r}")
-    credentials, key = None, None
-    if secure is not None:
-        credentials, key = tls_credentials(secure.ca), secure.demo_key()
-    with RouterClient(router, credentials=credentials, api_key=key) as client:
-        show_live(client.chat_stream(prompt, mode="progressive", timeout=120), console)
