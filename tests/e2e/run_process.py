@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from services.common.parent_watch import child_environment
 
@@ -44,10 +46,28 @@ def tiermesh_run(
         assert process.poll() is None, "".join(output)
         yield process, output
     finally:
-        if process.poll() is None:  # the test failed midway: stop the mesh the normal way first
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.communicate()
+        stop_process(process)  # the test failed midway: stop the mesh the normal way first
+
+
+def stop_process(process: subprocess.Popen[str]) -> None:
+    """SIGTERM (a tiermesh command stops its own children), then SIGKILL after 30 s."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+
+
+def chat_json(router: str, *args: str, timeout: float = 60) -> list[dict[str, Any]]:
+    """`tiermesh chat --router ROUTER --json ARGS...`: its event lines, after asserting exit 0."""
+    chat = subprocess.run(
+        [*TIERMESH, "chat", "--router", router, "--json", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert chat.returncode == 0, chat.stdout + chat.stderr
+    return [json.loads(line) for line in chat.stdout.splitlines()]

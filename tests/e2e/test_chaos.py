@@ -7,21 +7,20 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.e2e.run_process import ROOT, TIERMESH, stop_process
+
 pytestmark = pytest.mark.timeout(400)
 
 
 def _run_chaos(args: list[str], run_dir: Path) -> tuple[int, str, str]:
     """Runs the command; SIGTERM (it stops its mesh), then SIGKILL, however the test ends."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "chaos", "--run-dir", str(run_dir), *args],
+        [*TIERMESH, "chaos", "--run-dir", str(run_dir), *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -30,13 +29,7 @@ def _run_chaos(args: list[str], run_dir: Path) -> tuple[int, str, str]:
     try:
         out, err = process.communicate(timeout=360)
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.communicate()
+        stop_process(process)
     return process.returncode, out, err
 
 

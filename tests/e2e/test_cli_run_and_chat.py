@@ -15,7 +15,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from services.launcher.local_mesh import free_base_port
-from tests.e2e.run_process import ROOT, TIERMESH, tiermesh_run
+from tests.e2e.run_process import ROOT, TIERMESH, chat_json, tiermesh_run
 from tests.tiny_model import build_tiny_model
 
 
@@ -67,16 +67,8 @@ def mesh_process(tiny_model_dir: Path, tmp_path: Path, otlp_receiver):
 def test_run_then_chat_json_then_sigterm(mesh_process) -> None:
     process, router, output, receiver, run_dir = mesh_process
     assert "tiermesh is up" in "".join(output)
-    args = ["--mode", "progressive", "--json", "--max-tokens", "16", "What is your return policy?"]
-    chat = subprocess.run(
-        [*TIERMESH, "chat", "--router", router, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert chat.returncode == 0, chat.stderr
-    events = [json.loads(line) for line in chat.stdout.splitlines()]
+    args = ["--mode", "progressive", "--max-tokens", "16", "What is your return policy?"]
+    events = chat_json(router, *args)
     types = [e["type"] for e in events]
     assert types[0] == "route" and types[-1] == "final"
     starts = [e for e in events if e["type"] == "revision_start"]

@@ -4,27 +4,16 @@ each time, from the tier asked for."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
+from typing import Any
 
 from services.launcher.local_mesh import free_base_port
 from services.tier.echo_engine import ECHO_WORDS
-from tests.e2e.run_process import ROOT, TIERMESH, tiermesh_run
+from tests.e2e.run_process import chat_json, tiermesh_run
 
 
-def _chat(router: str, *args: str) -> dict[str, object]:
-    chat = subprocess.run(
-        [*TIERMESH, "chat", "--router", router, "--json", *args, "Where is my order?"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert chat.returncode == 0, chat.stderr
-    events = [json.loads(line) for line in chat.stdout.splitlines()]
-    final: dict[str, object] = next(e for e in events if e["type"] == "final")
-    return final
+def _chat(router: str, *args: str) -> dict[str, Any]:
+    return next(e for e in chat_json(router, *args, "Where is my order?") if e["type"] == "final")
 
 
 def test_run_with_echo_tiers_answers_through_the_router(tmp_path: Path) -> None:

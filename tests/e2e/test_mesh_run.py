@@ -16,7 +16,7 @@ from tiermesh.client import FinalEvent, RouteEvent, RouterClient
 from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
 from services.launcher.local_mesh import free_base_port
-from tests.e2e.run_process import ROOT, TIERMESH, tiermesh_run
+from tests.e2e.run_process import ROOT, TIERMESH, chat_json, tiermesh_run
 
 
 @pytest.fixture
@@ -44,16 +44,8 @@ def test_run_mesh_routes_through_xds(mesh_process) -> None:
     topology = (run_dir / "logs" / "topology.yaml").read_text()
     assert f"127.0.0.1:{base + 12}" in topology and f"127.0.0.1:{base + 30}" in topology
 
-    chat = subprocess.run(
-        [*TIERMESH, "chat", "--router", f"127.0.0.1:{base}", "--json", "--max-tokens", "8"]
-        + ["--mode", "progressive", "Where is my order?"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert chat.returncode == 0, chat.stdout + chat.stderr
-    events = [json.loads(line) for line in chat.stdout.splitlines()]
+    args = ["--max-tokens", "8", "--mode", "progressive", "Where is my order?"]
+    events = chat_json(f"127.0.0.1:{base}", *args)
     assert events[-1]["type"] == "final" and events[-1]["tier"] == "large"
 
     status = subprocess.run(
