@@ -287,7 +287,10 @@ class BatchScheduler:
                     token, logprob = best[row], chosen[row]
                 else:
                     token, logprob = choose_token(
-                        logits[row], sequence.prepared.sampling, sequence.generator
+                        logits[row],
+                        sequence.prepared.sampling,
+                        sequence.generator,
+                        known_finite=True,  # checked for the whole batch above
                     )
                 self._record(sequence, token, logprob)
             except Exception as e:

@@ -24,15 +24,19 @@ class NonFiniteLogits(InvalidArgument):
 
 
 def choose_token(
-    logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
+    logits: torch.Tensor,
+    sampling: Sampling,
+    generator: torch.Generator | None,
+    *,
+    known_finite: bool = False,
 ) -> tuple[int, float]:
     """Picks the next token from one position's logits (V,) and returns (id, log-prob).
 
     The log-prob is the model's own (temperature 1) log-probability of the chosen token, so
     confidence reads the same whatever the sampling settings. Raises NonFiniteLogits when any
-    logit is inf or NaN.
+    logit is inf or NaN, unless the caller says it checked already (`known_finite`).
     """
-    if not bool(torch.isfinite(logits).all()):
+    if not known_finite and not bool(torch.isfinite(logits).all()):
         raise NonFiniteLogits("non-finite logits (this request overflows the model)")
     logprobs = torch.log_softmax(logits.float(), dim=-1)  # (V,)
     if sampling.greedy:
