@@ -71,3 +71,19 @@ def chat_json(router: str, *args: str, timeout: float = 60) -> list[dict[str, An
     )
     assert chat.returncode == 0, chat.stdout + chat.stderr
     return [json.loads(line) for line in chat.stdout.splitlines()]
+
+
+def json_command(args: list[str], run_dir: Path, timeout: float) -> tuple[dict[str, Any], str]:
+    """`tiermesh ARGS` with its meshes under `run_dir`: the JSON object it prints last, and its
+    stderr, after asserting exit 0."""
+    run = subprocess.run(
+        [*TIERMESH, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "TIERMESH_RUN_DIR": str(run_dir)},
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    return report, run.stderr

@@ -5,19 +5,17 @@ last line and writes the report files. (Speed and quality are for the benchmark,
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from services.bench.report import TARGETS
 from services.workload import load_split, score
+from tests.e2e.run_process import json_command
 from tests.tiny_model import build_tiny_model
 
-ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ("single", "hybrid", "progressive")
+pytestmark = pytest.mark.timeout(240)  # the fixture starts a whole mesh and runs the bench
 
 
 @pytest.fixture(scope="module")
@@ -25,21 +23,13 @@ def bench_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("bench")
     large = build_tiny_model(tmp / "large-model", seed=7)
     out = tmp / "report"
-    command = [sys.executable, "-m", "services.cli", "bench", "--json", "--out", str(out)]
+    command = ["bench", "--json", "--out", str(out)]
     command += ["--scenario", "long-tail", "--rate", "5", "--duration", "2", "--warmup", "0.5"]
     command += ["--max-tokens", "6", "--seed", "11"]
     for tier, model in (("small", tiny_model_dir), ("medium", tiny_model_dir), ("large", large)):
         command += ["--model", f"{tier}={model}"]
-    run = subprocess.run(
-        command,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "TIERMESH_RUN_DIR": str(tmp / "run")},
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1]), out, run.stderr
+    report, stderr = json_command(command, tmp / "run", timeout=180)
+    return report, out, stderr
 
 
 def test_json_contract(bench_run) -> None:

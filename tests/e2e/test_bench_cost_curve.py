@@ -5,33 +5,21 @@ the files --out writes. (The numbers are for the benchmark, not the test.)"""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.e2e.run_process import json_command
 
 
 @pytest.mark.timeout(400)
 def test_cost_curve_with_echo_tiers_and_two_routers(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "services.cli", "bench", "sweep", "--cost-curve"]
+    command = ["bench", "sweep", "--cost-curve"]
     command += ["--engine", "echo", "--echo-ttft-ms", "2", "--echo-tokens-per-s", "200"]
     command += ["--clients", "1,4", "--duration", "2", "--warmup", "0.5", "--max-tokens", "8"]
     command += ["--routers", "2", "--json", "--out", str(out)]
-    run = subprocess.run(
-        command,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=360,
-        env={**os.environ, "TIERMESH_RUN_DIR": str(tmp_path / "run")},
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
+    report, _ = json_command(command, tmp_path / "run", timeout=360)
     assert report["benchmark"] == "router_cost_curve"
     assert report["levels"] == [1, 4] and report["routers"] == ["router", "router-2"]
     assert report["engine"] == "echo" and report["tier"] == "small"
