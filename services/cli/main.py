@@ -6,6 +6,7 @@ tiermesh models train|eval        the built-in model family (see services/traini
 tiermesh mesh serve|status|...    the xDS control plane and what points at it (see mesh/)
 tiermesh chaos [--faults ...]     seeded load + scheduled faults; lost tokens counted
 tiermesh top [--once --json]      every tier replica's load, live
+tiermesh tier swap TIER DIR       hot swap of a tier's model (in-flight streams finish on the old)
 
 Every sub-command is listed in COMMANDS below: a module that fails to import fails the command
 line loudly instead of making its commands vanish.
@@ -21,7 +22,7 @@ from typing import Any
 from mesh import cli as mesh_cli
 from services.bench import cli as bench_cli
 from services.chaos import cli as chaos_cli
-from services.cli import top_command, trace_view
+from services.cli import tier_command, top_command, trace_view
 from services.cli.chat_command import register_chat, register_run
 from services.common.extras import MissingExtra
 from services.routing import cli as routing_cli
@@ -34,6 +35,7 @@ COMMANDS: tuple[Callable[[Any], None], ...] = (
     register_chat,
     trace_view.register,
     top_command.register,
+    tier_command.register,
     training_cli.register,
     bench_cli.register,
     chaos_cli.register,

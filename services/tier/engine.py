@@ -58,6 +58,9 @@ class GenerationChunk:
     logprobs: tuple[float, ...]  # natural-log probability of each token, same order
     finish_reason: str | None = None  # "stop" or "length", on the last chunk only
     usage: GenerationUsage | None = None
+    # the model that answered (the load snapshot's model), on the first chunk that carries a
+    # token and on the last chunk: a stream that began before a model swap names the old model
+    model: str = ""
 
 
 @dataclass(frozen=True)

@@ -115,10 +115,12 @@ class EngineLifecycle(ABC):
         self._ttfts = TtftWindow()
         self._completed = 0
         self._closing = False
+        self._model_name = ""  # the loaded model's name, put on the chunks that answer
 
     async def start(self) -> None:
         """Loads the model. Raises on failure; the tier stays NOT_SERVING."""
         self._prompt_format = await self._start_model()
+        self._model_name = self._footprint().model
 
     def check_health(self) -> None:
         if self._prompt_format is None:
@@ -158,8 +160,10 @@ class EngineLifecycle(ABC):
                     chunk = meter.observe(decoded)
                     if first and meter.ttft_ms is not None:
                         self._ttfts.add(meter.ttft_ms)
+                        chunk = replace(chunk, model=self._model_name)
                     if chunk.finish_reason is not None:
                         self._completed += 1
+                        chunk = replace(chunk, model=self._model_name)
                     yield chunk
 
     def load(self) -> EngineLoad:

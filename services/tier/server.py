@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tiermesh.v1 import tier_pb2, tier_pb2_grpc
+import grpc
+from tiermesh.v1 import tier_pb2_grpc
 
 from services.common import env
 from services.common.config import TierConfig, load_config
@@ -27,24 +28,37 @@ from services.common.grpc_service import (
 from services.common.parent_watch import stop_with_parent
 from services.common.telemetry import setup_telemetry
 from services.security.settings import ServiceSecurity
+from services.tier.admin_servicer import (
+    ADMIN_SERVICE,
+    TIER_SERVICE,
+    TierAdminServicer,
+    tier_interceptors,
+)
 from services.tier.engine import Engine
 from services.tier.factory import create_engine
 from services.tier.model_loading import import_model_code, imported_dtype
+from services.tier.model_swap import EngineSwitch
 from services.tier.servicer import TierServicer
 from services.tier.startup_record import StartupRecord, process_age_s
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = tier_pb2.DESCRIPTOR.services_by_name["TierService"].full_name
+SERVICE_NAME = TIER_SERVICE
 
 
 @dataclass
 class TierServer:
-    """A running tier: its server, engine and config."""
+    """A running tier: its server, its engines (the serving one and, during a hot swap, the
+    one it replaces) and config."""
 
     config: TierConfig
-    engine: Engine
+    engines: EngineSwitch
     running: RunningServer
+
+    @property
+    def engine(self) -> Engine:
+        """The engine new requests go to."""
+        return self.engines.current
 
     @property
     def port(self) -> int:
@@ -56,7 +70,7 @@ class TierServer:
 
     async def stop(self, grace_s: float | None = None) -> None:
         await self.running.drain(self.config.drain_grace_s if grace_s is None else grace_s)
-        await self.engine.shutdown()
+        await self.engines.shutdown()
 
 
 async def start_tier(
@@ -72,28 +86,35 @@ async def start_tier(
     )
     security = security or ServiceSecurity()
     security.check_listen(config.host, f"tier {config.name}")
-    engine = create_engine(config)
-    servicer = TierServicer(config.name, engine, config.max_tokens)
+    engines = EngineSwitch(create_engine(config), config)
+    servicer = TierServicer(config.name, engines, config.max_tokens)
     servicer.startup = startup
+    servicer.last_swap = lambda: engines.last_swap
+    admin = TierAdminServicer(engines)
+
+    def register(server: grpc.aio.Server) -> None:
+        tier_pb2_grpc.add_TierServiceServicer_to_server(servicer, server)
+        tier_pb2_grpc.add_TierAdminServiceServicer_to_server(admin, server)
+
     running = await start_server(
         config.host,
         config.port,
-        lambda server: tier_pb2_grpc.add_TierServiceServicer_to_server(servicer, server),
-        [SERVICE_NAME],
-        interceptors=security.interceptors(),
+        register,
+        [SERVICE_NAME, ADMIN_SERVICE],
+        interceptors=tier_interceptors(security),
         credentials=security.server_credentials(),
         reflection_on=security.reflection,
     )
     try:
         model_code_s = await _import_model_code(config)
-        await engine.start()
+        await engines.start()
     except BaseException:
         await running.server.stop(0)
         raise
-    startup.serving(model_code_s | getattr(engine, "startup_s", {}))
+    startup.serving(model_code_s | engines.startup_s)
     await running.set_serving(True)
     log.info("tier %s: SERVING after %s", config.name, startup.describe())
-    return TierServer(config, engine, running)
+    return TierServer(config, engines, running)
 
 
 async def _import_model_code(config: TierConfig) -> dict[str, float]:
@@ -125,7 +146,7 @@ async def _serve(config: TierConfig, security: ServiceSecurity) -> None:
     telemetry = setup_telemetry(f"tier-{config.name}", prometheus_port=config.metrics_port)
     tier = await start_tier(config, security, own_process=True)
     log.info("tier %s serving %s on %s", config.name, config.model_path, tier.address)
-    await serve_until_signalled(tier.running, config.drain_grace_s, tier.engine.shutdown)
+    await serve_until_signalled(tier.running, config.drain_grace_s, tier.engines.shutdown)
     telemetry.shutdown()
 
 

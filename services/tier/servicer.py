@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
@@ -24,7 +24,9 @@ from services.common.validation import (
     check_sampling,
     conversation,
 )
+from services.tier.admin_servicer import swap_to_proto
 from services.tier.engine import Engine, GenerationRequest, GenerationUsage, Sampling
+from services.tier.model_swap import SwapRecord
 from services.tier.startup_record import StartupRecord
 from services.tier.tier_telemetry import TierTelemetry
 from services.tier.utilisation import RecentUtilisation
@@ -60,6 +62,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
         self._max_tokens = max_tokens
         self._telemetry = TierTelemetry(tier, engine)
         self.startup = StartupRecord()  # filled in by the server once the tier is SERVING
+        self.last_swap: Callable[[], SwapRecord | None] = lambda: None  # the server's, if any
         self._recent = RecentUtilisation()
 
     def _request(
@@ -95,6 +98,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
         first_token_ns: int | None = None
         usage: GenerationUsage | None = None
         finish: str | None = None
+        answering = ""  # the model that answers, from the engine's chunks (it may be swapped)
         status, message = "OK", ""
         try:
             generation = self._request(request, context.time_remaining())
@@ -104,6 +108,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
                     if first_token_ns is None:
                         first_token_ns = time.time_ns()
                     usage, finish = chunk.usage or usage, chunk.finish_reason or finish
+                    answering = chunk.model or answering
                     self._recent.add_tokens(len(chunk.token_ids))
                     yield tier_pb2.GenerateChunk(
                         token_ids=chunk.token_ids,
@@ -111,7 +116,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
                         logprobs=chunk.logprobs,
                         finish_reason=chunk.finish_reason or "",
                         usage=usage_to_proto(chunk.usage) if chunk.usage else None,
-                        model=self._telemetry.model_id() if chunk.finish_reason else "",
+                        model=self._model_id(answering) if chunk.finish_reason else "",
                     )
         except TiermeshError as e:
             status, message = e.status, str(e)
@@ -126,8 +131,20 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
             raise
         finally:
             self._telemetry.finish(
-                span, generation, received_ns, first_token_ns, usage, finish, status, message
+                span,
+                generation,
+                received_ns,
+                first_token_ns,
+                self._model_id(answering) if first_token_ns is not None else "",
+                usage,
+                finish,
+                status,
+                message,
             )
+
+    def _model_id(self, model: str) -> str:
+        """`<tier>/<model>` of the model that answered (the serving one if no chunk said)."""
+        return model_id(self._tier, model or self._engine.load().model)
 
     def _status(self) -> tier_pb2.TierStatus:
         load = self._engine.load()
@@ -164,6 +181,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
             weights_loading=self.startup.weights_loading,
             recent_tokens_per_s=self._recent.tokens_per_s(),
             recent_kv_pool_use_share=self._recent.kv_pool_use_share(),
+            last_swap=swap_to_proto(swap) if (swap := self.last_swap()) else None,
         )
 
     async def GetStatus(

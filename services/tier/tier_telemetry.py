@@ -18,7 +18,6 @@ from services.common.genai_conventions import (
     SERVER_DURATION,
     error_type,
     genai_attributes,
-    model_id,
     span_name,
 )
 from services.common.telemetry import end_span, extract_context, meter, rpc_attributes, tracer
@@ -59,10 +58,6 @@ class TierTelemetry:
 
         return observe
 
-    def model_id(self) -> str:
-        """The answering model's identity, `<tier>/<model>` (gen_ai.response.model)."""
-        return model_id(self._tier, self._engine.load().model)
-
     def start(
         self, metadata: Sequence[tuple[str, Any]] | None, request_id: str, start_ns: int
     ) -> trace.Span:
@@ -85,15 +80,15 @@ class TierTelemetry:
         request: GenerationRequest | None,
         received_ns: int,
         first_token_ns: int | None,
+        response_model: str,
         usage: GenerationUsage | None,
         finish_reason: str | None,
         status: str,
         message: str = "",
     ) -> None:
-        """Adds the engine phase spans and metrics, then ends the server span. The model that
-        answered (gen_ai.response.model) is reported once it produced a token."""
+        """Adds the engine phase spans and metrics, then ends the server span. `response_model`
+        is the model that answered (gen_ai.response.model), "" when it produced no token."""
         now = time.time_ns()
-        response_model = self.model_id() if first_token_ns is not None else ""
         attributes = {
             **genai_attributes(self._tier, response_model, error_type(status)),
             "tiermesh.tier": self._tier,

@@ -1,0 +1,253 @@
+"""Hot swap on a real tier server (port 0) serving a tiny seeded GPT-2, swapped for another seed's
+checkpoint through TierAdminService.SwapModel: streams in flight at the switch finish on the old
+model token for token, requests after it get the new model's answers, GetStatus and the chunks
+name the new model, the old model is freed; bad paths, a swap during a swap, a failed load and
+callers without the admin scope are refused, and the old model keeps serving. `tiermesh tier swap`
+runs against the same kind of tier.
+
+The old model's streams are held mid-answer by the batch scheduler's named test hook
+(`poison_hook`, here only blocking its thread, never poisoning), so they are certainly in flight
+while the swap loads, switches and serves new requests; then they are let go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import shutil
+import threading
+import weakref
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from tiermesh.v1 import tier_pb2, tier_pb2_grpc
+
+from services.cli.main import main as tiermesh
+from services.common.config import TierConfig, build_config
+from services.security.api_keys import create_key
+from services.security.settings import ServiceSecurity
+from services.tier.prepared_request import PreparedRequest
+from services.tier.server import TierServer, start_tier
+from services.tier.torch_engine import TorchEngine
+from tests.tiny_model import build_tiny_model
+
+PROMPTS = [
+    "What is your return policy?",
+    "How much does the blue kettle cost?",
+    "Shipping is free on orders",
+    "Hello, thank you for asking.",
+]
+MAX_TOKENS = 24
+HOLD_AFTER_STEPS = 3  # the old model's streams are held once each has chosen this many tokens
+
+
+@pytest.fixture(scope="module")
+def new_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model-b"), seed=1)
+
+
+def _config(model: Path, name: str = "small") -> TierConfig:
+    return TierConfig(name=name, model_path=model, max_running=8, max_queued=8, max_tokens=64)
+
+
+@pytest.fixture
+async def tier(tiny_model_dir: Path) -> AsyncIterator[TierServer]:
+    server = await start_tier(_config(tiny_model_dir))
+    yield server
+    await server.stop(0)
+
+
+async def _answer(stub: tier_pb2_grpc.TierServiceStub, request_id: str, prompt: str) -> list[int]:
+    request = tier_pb2.GenerateRequest(request_id=request_id, prompt=prompt, max_tokens=MAX_TOKENS)
+    chunks = [chunk async for chunk in stub.Generate(request)]
+    assert chunks[-1].finish_reason in ("stop", "length")
+    return [token for chunk in chunks for token in chunk.token_ids]
+
+
+async def _answers(address: str, tag: str) -> list[list[int]]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = tier_pb2_grpc.TierServiceStub(channel)
+        return [await _answer(stub, f"{tag}-{i}", p) for i, p in enumerate(PROMPTS)]
+
+
+async def _reference(model: Path) -> list[list[int]]:
+    """Each prompt's greedy answer from a tier serving `model` alone."""
+    server = await start_tier(_config(model))
+    try:
+        return await _answers(server.address, "reference")
+    finally:
+        await server.stop(0)
+
+
+class Hold:
+    """Blocks the scheduler's thread once every old stream has chosen HOLD_AFTER_STEPS tokens,
+    until released: those streams stay in flight, mid-answer, on the old model."""
+
+    def __init__(self, request_ids: list[str]) -> None:
+        self.steps = dict.fromkeys(request_ids, 0)
+        self.held = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, prepared: PreparedRequest) -> bool:
+        if prepared.request_id in self.steps:
+            self.steps[prepared.request_id] += 1
+            if min(self.steps.values()) >= HOLD_AFTER_STEPS and not self.release.is_set():
+                self.held.set()
+                self.release.wait(timeout=60)
+        return False
+
+
+async def test_in_flight_streams_finish_on_the_old_model_new_ones_start_on_the_new(
+    tier: TierServer, tiny_model_dir: Path, new_model_dir: Path
+) -> None:
+    old_reference = await _answers(tier.address, "before")
+    new_reference = await _reference(new_model_dir)
+    assert old_reference != new_reference  # two seeds, two different models
+    assert all(len(answer) > HOLD_AFTER_STEPS for answer in old_reference)
+
+    old_engine = tier.engine
+    assert isinstance(old_engine, TorchEngine) and old_engine._scheduler is not None
+    assert old_engine._loaded is not None
+    old_model = weakref.ref(old_engine._loaded.model)
+    hold = Hold([f"old-{i}" for i in range(len(PROMPTS))])
+    old_engine._scheduler.poison_hook = hold
+    del old_engine
+    async with grpc.aio.insecure_channel(tier.address) as channel:
+        stub = tier_pb2_grpc.TierServiceStub(channel)
+        admin = tier_pb2_grpc.TierAdminServiceStub(channel)
+        before = await stub.GetStatus(tier_pb2.GetStatusRequest())
+
+        async def old_stream(i: int) -> list[tier_pb2.GenerateChunk]:
+            request = tier_pb2.GenerateRequest(
+                request_id=f"old-{i}", prompt=PROMPTS[i], max_tokens=MAX_TOKENS
+            )
+            return [chunk async for chunk in stub.Generate(request)]
+
+        old_streams = [asyncio.create_task(old_stream(i)) for i in range(len(PROMPTS))]
+        try:
+            assert await asyncio.to_thread(hold.held.wait, 30), "old streams never got going"
+            swap = admin.SwapModel(tier_pb2.SwapModelRequest(model_path=str(new_model_dir)))
+            phases = swap.__aiter__()
+            loading = (await phases.__anext__()).swap
+            assert (loading.phase, loading.old_model_id) == ("loading", before.model_id)
+            assert loading.model_path == str(new_model_dir.resolve())
+
+            second = admin.SwapModel(tier_pb2.SwapModelRequest(model_path=str(tiny_model_dir)))
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                [r async for r in second]
+            assert raised.value.code() == grpc.StatusCode.ABORTED
+            assert "in progress" in (raised.value.details() or "")
+
+            switched = (await phases.__anext__()).swap
+            assert switched.phase == "switched"
+            assert switched.streams_on_old == len(PROMPTS)
+            after = await stub.GetStatus(tier_pb2.GetStatusRequest())
+            assert after.model_id == switched.new_model_id == f"small/{new_model_dir.name}"
+            assert after.model_id != before.model_id
+            assert after.running >= len(PROMPTS)  # the old model's streams still count
+
+            new_chunks = []
+            for i, prompt in enumerate(PROMPTS):
+                request = tier_pb2.GenerateRequest(
+                    request_id=f"new-{i}", prompt=prompt, max_tokens=MAX_TOKENS
+                )
+                new_chunks.append([chunk async for chunk in stub.Generate(request)])
+            assert not any(stream.done() for stream in old_streams)  # still held on the old
+        finally:
+            hold.release.set()
+        old_chunks = await asyncio.gather(*old_streams)
+        done = (await phases.__anext__()).swap
+        with pytest.raises(StopAsyncIteration):
+            await phases.__anext__()
+        status = await stub.GetStatus(tier_pb2.GetStatusRequest())
+
+    for chunks, reference in zip(old_chunks, old_reference, strict=True):
+        assert [t for c in chunks for t in c.token_ids] == reference
+        assert chunks[-1].finish_reason in ("stop", "length")
+        assert chunks[-1].model == before.model_id
+    for chunks, reference in zip(new_chunks, new_reference, strict=True):
+        assert [t for c in chunks for t in c.token_ids] == reference
+        assert chunks[-1].model == after.model_id
+    assert done.phase == "done"
+    assert (done.streams_on_old, done.streams_cut) == (len(PROMPTS), 0)
+    assert done.load_s > 0 and done.freed_bytes > 0
+    assert (done.old_model_id, done.new_model_id) == (before.model_id, after.model_id)
+    assert status.last_swap == done
+    assert status.completed == before.completed + 2 * len(PROMPTS)
+    assert status.running == 0
+    gc.collect()
+    assert old_model() is None, "the old model is still referenced after the swap"
+
+
+async def test_bad_paths_are_refused_by_name_and_the_model_keeps_serving(
+    tier: TierServer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    broken = tmp_path / "broken"  # a complete folder whose weights are not safetensors
+    shutil.copytree(tiny_model_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    before = await _answers(tier.address, "before")
+    async with grpc.aio.insecure_channel(tier.address) as channel:
+        admin = tier_pb2_grpc.TierAdminServiceStub(channel)
+        for path, code, said in (
+            ("", grpc.StatusCode.INVALID_ARGUMENT, "model_path: required"),
+            (str(tmp_path / "nowhere"), grpc.StatusCode.INVALID_ARGUMENT, "does not exist"),
+            (str(empty), grpc.StatusCode.INVALID_ARGUMENT, "lacks config.json"),
+            (str(broken), grpc.StatusCode.FAILED_PRECONDITION, "keeps serving"),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                [r async for r in admin.SwapModel(tier_pb2.SwapModelRequest(model_path=path))]
+            assert raised.value.code() == code, raised.value.details()
+            assert said in (raised.value.details() or "")
+            assert path in (raised.value.details() or "")
+        status = await tier_pb2_grpc.TierServiceStub(channel).GetStatus(tier_pb2.GetStatusRequest())
+    assert status.model_id == f"small/{tiny_model_dir.name}"
+    assert (status.last_swap.phase, status.last_swap.model_path) == ("failed", str(broken))
+    assert await _answers(tier.address, "after") == before
+
+
+async def test_swap_needs_the_admin_scope_when_keys_are_on(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.json"
+    _, chat_key = create_key(keys, "app", ("chat",))
+    _, admin_key = create_key(keys, "ops", ("admin",))
+    config = build_config(TierConfig, {"name": "small", "model_path": "unused", "engine": "echo"})
+    server = await start_tier(config, ServiceSecurity(keys_file=keys))
+    try:
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            admin = tier_pb2_grpc.TierAdminServiceStub(channel)
+            request = tier_pb2.SwapModelRequest(model_path=str(tmp_path))
+            for key, code in (
+                (None, grpc.StatusCode.UNAUTHENTICATED),
+                (chat_key, grpc.StatusCode.PERMISSION_DENIED),
+                (admin_key, grpc.StatusCode.FAILED_PRECONDITION),  # admitted; echo cannot swap
+            ):
+                metadata = (("authorization", f"Bearer {key}"),) if key else None
+                with pytest.raises(grpc.aio.AioRpcError) as raised:
+                    [r async for r in admin.SwapModel(request, metadata=metadata)]
+                assert raised.value.code() == code, raised.value.details()
+    finally:
+        await server.stop(0)
+    assert "echo engine cannot swap" in (raised.value.details() or "")
+
+
+async def test_tiermesh_tier_swap_prints_one_json_object(
+    tier: TierServer, new_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["tier", "swap", "small", str(new_model_dir), "--address", tier.address, "--json"]
+    assert await asyncio.to_thread(tiermesh, argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is True and report["tier"] == "small"
+    (replica,) = report["replicas"]
+    assert replica["address"] == tier.address
+    assert replica["phase"] == "done"
+    assert replica["new_model_id"] == f"small/{new_model_dir.name}"
+    assert replica["load_s"] > 0 and replica["switch_s"] >= 0
+
+    argv = ["tier", "swap", "small", str(new_model_dir / "nowhere"), "--address", tier.address]
+    assert await asyncio.to_thread(tiermesh, argv) == 1
+    err = capsys.readouterr().err
+    assert "INVALID_ARGUMENT" in err and str(new_model_dir / "nowhere") in err
