@@ -2,11 +2,17 @@
 refusals that come at once and say when to retry.
 
 A request is refused at once (QueueRefused, RESOURCE_EXHAUSTED) when both limits are reached,
-or when the queue's expected wait is longer than it may wait: its deadline, or `max_wait_s`.
-A queued request still waiting after that long is refused then. The expected wait, which is also
-the retry delay a refusal carries, comes from the queue: the requests ahead of it times the mean
-time a running slot is held (measured, an exponential average), over the running slots. Knows
-nothing of models or gRPC. Not thread-safe: use from one event loop.
+or when its expected wait for a running slot is longer than it may wait: its deadline, or
+`max_wait_s`. The expected wait, which is also the retry delay a refusal carries, is measured:
+the requests ahead of it times the mean time between slot hand-overs while requests wait (an
+exponential average; before one is measured, the mean time a slot is held over the slots),
+times a correction from reality: how long queued requests really waited against what was
+expected of them (an exponential average of the ratio), or, when larger, the ratio of the oldest
+request still waiting so far, so a burst that outruns the measured rate is refused before the
+queue fills with requests that cannot start in time. A queued request is then served: it is
+refused late only if it still waits after `LATE_FACTOR` times its budget (the estimate was badly
+wrong), or once 90% of its deadline has passed (so that the refusal, not DEADLINE_EXCEEDED,
+reaches the client). Knows nothing of models or gRPC. Not thread-safe: use from one event loop.
 """
 
 from __future__ import annotations
@@ -18,9 +24,14 @@ from contextlib import asynccontextmanager
 
 from services.common.errors import Overloaded
 
-MAX_WAIT_S = 5.0  # the longest a request without a shorter deadline waits for a running slot
+MAX_WAIT_S = 5.0  # the longest a request without a shorter deadline is expected to wait
+LATE_FACTOR = 2.0  # a queued request is refused after this many times its budget (backstop)
+DEADLINE_SHARE = 0.9  # ... or after this share of its deadline, so the refusal beats the deadline
 FIRST_HOLD_S = 1.0  # a running slot's assumed hold time until one has been measured
 HOLD_WEIGHT = 0.2  # weight of the newest hold time in the running average
+HANDOVER_WEIGHT = 0.1  # weight of the newest time between hand-overs in its running average
+RATIO_WEIGHT = 0.2  # weight of the newest real / expected wait in its running average
+RATIO_BOUNDS = (0.5, 4.0)  # the correction never goes past these
 
 
 class QueueRefused(Overloaded):
@@ -45,21 +56,46 @@ class Admission:
         self.running = 0
         self.queued = 0
         self.rejected = 0
+        self.late_refusals = 0  # refused after waiting in the queue (the estimate was wrong)
         self.hold_s = FIRST_HOLD_S  # mean time a running slot is held, measured as they end
+        self.handover_s: float | None = None  # mean time between hand-overs while requests wait
+        self.wait_ratio = 1.0  # mean real wait over expected wait of the requests that queued
         self._measured = False
         self._clock = clock
         self._slots = asyncio.Semaphore(max_running)
+        self._last_release = 0.0  # when a slot was last released
+        self._waiting_since = 0.0  # when the queue last went from empty to waiting
+        self._waiters: dict[object, tuple[float, float]] = {}  # in order: (enqueued, raw wait)
 
-    def expected_wait_s(self) -> float:
-        """How long a request arriving now would wait for a running slot: 0 while one is free,
-        else (queued + 1) slot hand-overs at max_running slots per hold time."""
+    def _per_handover_s(self) -> float:
+        if self.handover_s is not None:
+            return self.handover_s
+        return self.hold_s / self.max_running
+
+    def _raw_wait_s(self) -> float:
+        """The wait of a request arriving now by the hand-over rate alone: 0 while a slot is
+        free, else (queued + 1) hand-overs."""
         if self.running < self.max_running and self.queued == 0:
             return 0.0
-        return (self.queued + 1) * self.hold_s / self.max_running
+        return (self.queued + 1) * self._per_handover_s()
+
+    def correction(self) -> float:
+        """Real over expected wait: the running average of the requests that got their slot, or
+        the oldest waiting request's so far when that is larger."""
+        for enqueued, raw in self._waiters.values():  # the oldest first
+            if raw > 0:
+                return max(self.wait_ratio, (self._clock() - enqueued) / raw)
+            break
+        return self.wait_ratio
+
+    def expected_wait_s(self) -> float:
+        """How long a request arriving now is expected to wait for a running slot, corrected by
+        how the expectation has compared with the waits seen."""
+        return self._raw_wait_s() * self.correction()
 
     def _refuse(self, why: str) -> QueueRefused:
         self.rejected += 1
-        wait = max(self.expected_wait_s(), self.hold_s / self.max_running)
+        wait = max(self.expected_wait_s(), self._per_handover_s())
         return QueueRefused(
             f"tier at capacity: {why} ({self.running} running, {self.queued} queued, limits "
             f"{self.max_running} and {self.max_queued}; expected wait {wait:.2f} s)",
@@ -68,34 +104,65 @@ class Admission:
 
     @asynccontextmanager
     async def slot(self, deadline_s: float | None = None) -> AsyncIterator[None]:
-        """Holds one running slot for the body; waits in the bounded queue if none is free, at
-        most min(deadline_s, max_wait_s) seconds. `deadline_s`: the seconds the request has
-        left, None = no deadline. Raises QueueRefused without waiting when it could not start
-        in time by the queue's expected wait."""
+        """Holds one running slot for the body; waits in the bounded queue if none is free.
+        `deadline_s`: the seconds the request has left, None = no deadline. Raises QueueRefused
+        without waiting when the queue is full or the expected wait passes min(deadline_s,
+        max_wait_s); once queued, raises it only past LATE_FACTOR times that, or
+        DEADLINE_SHARE of the deadline.
+        """
         budget = self.max_wait_s if deadline_s is None else min(deadline_s, self.max_wait_s)
         if self.running + self.queued >= self.max_running + self.max_queued:
             raise self._refuse("queue full")
-        if self.expected_wait_s() > budget:
+        raw = self._raw_wait_s()
+        if raw * self.correction() > budget:
             raise self._refuse(f"it could not start within {budget:.2f} s")
+        limit = budget * LATE_FACTOR
+        if deadline_s is not None:
+            limit = min(limit, deadline_s * DEADLINE_SHARE)
+        enqueued = self._clock()
+        if self.queued == 0:
+            self._waiting_since = enqueued
         self.queued += 1
+        waiter = object()
+        self._waiters[waiter] = (enqueued, raw)
         try:
-            async with asyncio.timeout(budget):
+            async with asyncio.timeout(limit):
                 await self._slots.acquire()
         except TimeoutError:
-            raise self._refuse(f"no running slot within {budget:.2f} s") from None
+            self.late_refusals += 1
+            raise self._refuse(f"no running slot within {limit:.2f} s") from None
         finally:
             self.queued -= 1
-        self.running += 1
+            del self._waiters[waiter]
         started = self._clock()
+        if raw > 0:
+            self._note_wait(started - enqueued, raw)
+        self.running += 1
         try:
             yield
         finally:
             self.running -= 1
+            ended = self._clock()
+            if self.queued > 0:  # a waiter takes this slot: one hand-over, timed
+                self._note_handover(ended - max(self._last_release, self._waiting_since))
+            self._last_release = ended
             self._slots.release()
-            self._note_hold(self._clock() - started)
+            self._note_hold(ended - started)
 
     def _note_hold(self, seconds: float) -> None:
         if not self._measured:
             self.hold_s, self._measured = seconds, True
         else:
             self.hold_s += HOLD_WEIGHT * (seconds - self.hold_s)
+
+    def _note_handover(self, seconds: float) -> None:
+        if self.handover_s is None:
+            self.handover_s = seconds
+        else:
+            self.handover_s += HANDOVER_WEIGHT * (seconds - self.handover_s)
+
+    def _note_wait(self, waited_s: float, expected_s: float) -> None:
+        """A queued request got its slot after `waited_s`; `expected_s` was its raw estimate."""
+        low, high = RATIO_BOUNDS
+        ratio = min(high, max(low, waited_s / expected_s))
+        self.wait_ratio += RATIO_WEIGHT * (ratio - self.wait_ratio)

@@ -68,14 +68,49 @@ async def test_a_queued_request_is_refused_when_its_wait_runs_out() -> None:
 
     holder = asyncio.create_task(hold())
     await asyncio.sleep(0)
-    with pytest.raises(QueueRefused, match=r"no running slot within 0\.05 s") as refused:
-        async with admission.slot():
+    with pytest.raises(QueueRefused, match=r"no running slot within 0\.10 s") as refused:
+        async with admission.slot():  # the estimate was wrong: refused late, at 2x its wait
             pass
     assert refused.value.retry_after_s > 0
+    assert admission.late_refusals == 1
     assert (admission.running, admission.queued) == (1, 0)
     release.set()
     await holder
     assert admission.running == 0
+
+
+async def test_a_wait_longer_than_expected_corrects_the_estimate_at_once_and_after() -> None:
+    clock = Clock()
+    admission = Admission(max_running=1, max_queued=8, max_wait_s=5.0, clock=clock)
+    await _hold_once(admission, clock, 1.0)  # held 1 s: one hand-over a second expected
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        async with admission.slot():
+            await release.wait()
+
+    holder = asyncio.create_task(hold())
+    await asyncio.sleep(0)
+    waiter = asyncio.create_task(hold())  # expected to wait 1 s
+    await asyncio.sleep(0)
+    assert admission.expected_wait_s() == pytest.approx(2.0)  # second in line, as expected
+    clock.now += 3.0  # the first in line has waited 3 s of its expected 1 s: x3 from now on
+    assert admission.expected_wait_s() == pytest.approx(6.0)
+    with pytest.raises(QueueRefused, match=r"could not start within 5\.00 s") as refused:
+        async with admission.slot():
+            pass
+    assert refused.value.retry_after_s == pytest.approx(6.0)
+    assert admission.late_refusals == 0
+    release.set()  # the waiter starts after 3 s: that wait and that hand-over are measured
+    await asyncio.gather(holder, waiter)
+    assert admission.handover_s == pytest.approx(3.0)
+    assert admission.wait_ratio == pytest.approx(1.4)  # 1 + 0.2 x (3 - 1)
+    holder = asyncio.create_task(hold())
+    release.clear()
+    await asyncio.sleep(0)
+    assert admission.expected_wait_s() == pytest.approx(3.0 * 1.4)
+    release.set()
+    await holder
 
 
 async def test_the_retry_delay_of_a_full_queue_comes_from_the_measured_hold() -> None:
