@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
 from services.router.chat_events import SessionEvent, TierCallEnded
@@ -78,6 +78,19 @@ class TierHealth:
         if len(endpoints) == 1:
             return f"{tier} {reasons[0].partition(': ')[2]}"
         return f"{tier} has no replica able to serve ({'; '.join(reasons)})"
+
+    def has_room(self, tier: str, avoid: Collection[str]) -> bool:
+        """Whether a replica of `tier`, none of `avoid`, may take a call and by its last load
+        report would start it at once (a running slot free, nobody queued): where a call
+        another tier refused for overload may go on without queueing again. Unknown load is
+        no room."""
+        for endpoint in self._replicas.get(tier, ()):
+            if endpoint in avoid or self.endpoint_down(endpoint) is not None:
+                continue
+            load = self._reports.endpoint_load(endpoint)
+            if load is not None and load.serving and load.running + load.queued < load.max_running:
+                return True
+        return False
 
     def pick(self, tier: str, candidates: Sequence[str]) -> str:
         """The replica among `candidates` a new call goes to: able ones before the rest, the

@@ -139,3 +139,16 @@ def test_failed_calls_eject_the_replica_they_went_to() -> None:
     assert "ejected" in (health.endpoint_down("a") or "")
     assert health.endpoint_down("b") is None and health.down("small") is None
     assert health.pick("small", ("a", "b")) == "b"
+
+
+def test_room_means_a_replica_not_tried_would_start_a_call_at_once() -> None:
+    reports = Reports()
+    health = TierHealth({"small": ("a", "b")}, reports, detector(), clock=lambda: 0.0)
+    assert not health.has_room("small", ())  # unknown load is no room
+    reports.loads = {"a": busy(4), "b": TierLoad(True, 3, 1, 4, 16, 1.0, 2.0)}
+    assert not health.has_room("small", ())  # a full, b has a slot but someone waits for it
+    reports.loads["b"] = busy(3)
+    assert health.has_room("small", ()) and not health.has_room("small", ("b",))
+    reports.downs = {"b": "health NOT_SERVING"}
+    assert not health.has_room("small", ())
+    assert not health.has_room("medium", ())  # not configured
