@@ -16,6 +16,8 @@ then along the plan's `fallbacks` (each tier at most once). One that fails befor
 chunk is retried there unseen, in the same revision (on another tier only once, and only for
 ROUTED chats and refinements); one that fails after streaming goes on there as a new revision
 that replaces the broken one, its kept prefix computed against the text the client already has.
+A call a tier refused for overload moves on only to a replica or tier whose last load report
+says it would start it at once; else the refusal, with its retry delay, is relayed at once.
 Final.reason says what happened. A call with no chunk for the stall timeout has failed.
 
 Knows the tier calls and the wire events; knows nothing of telemetry or learning, which watch the
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Iterator
 from typing import Any
 
 import grpc
@@ -68,14 +70,19 @@ class ChatSession:
         clock: SessionClock,
         call_timeout_s: float | None = None,
         stall_s: float | None = None,
+        room: Callable[[str, Collection[str]], bool] | None = None,
     ) -> None:
         """Tier calls carry the client's deadline, else `call_timeout_s` (None: none); a call
-        with no chunk for `stall_s` fails (None: never)."""
+        with no chunk for `stall_s` fails (None: never). `room(tier, tried)`: whether a replica
+        of the tier, none of those tried, would start a call at once; a call refused for
+        overload (RESOURCE_EXHAUSTED) moves on only to such a tier, else the refusal is the
+        answer (None: it moves on like any failure)."""
         self._plan = plan
         self._tiers = tiers
         self._refine_budget_s = refine_budget_s
         self._call_timeout_s = call_timeout_s
         self._stall_s = stall_s
+        self._room = room
         self._refine_deadline: float | None = None
         self._deadline = None if time_remaining_s is None else clock.start + time_remaining_s
         self._clock = clock
@@ -214,11 +221,18 @@ class ChatSession:
             if error is None or error.code() not in FAILOVER_CODES:
                 return
             tried = self._tried()
-            if any(e not in tried for e in self._tiers.endpoints(call.tier)):
+            room = self._room if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else None
+            if any(e not in tried for e in self._tiers.endpoints(call.tier)) and (
+                room is None or room(call.tier, tried)
+            ):
                 after, where = call.tier, f"another {call.tier} replica"
             else:
                 called = {c.tier for c in self._calls}
-                left = [tier for tier in self._plan.fallbacks if tier not in called]
+                left = [
+                    tier
+                    for tier in self._plan.fallbacks
+                    if tier not in called and (room is None or room(tier, tried))
+                ]
                 if not left:
                     return
                 after = where = left[0]

@@ -209,6 +209,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 clock,
                 call_timeout_s=self._config.tier_call_timeout_s,
                 stall_s=self._config.stall_timeout_ms / 1000,
+                room=self._health.has_room,
             )
             observers = (telemetry, self._lessons.observer(plan, _caller()), self._health)
             try:
