@@ -17,7 +17,7 @@ from tiermesh.client import AsyncRouterClient, ChatError
 from services.common.config import TierConfig
 from services.tier.engine import GenerationRequest
 from services.tier.torch_engine import TorchEngine
-from tests.integration.mesh import Mesh, start_mesh
+from tests.integration.mesh import Mesh, hold_stream, start_mesh
 
 PROMPTS = ["What is your return policy?", "How much does the blue kettle cost?", "Hi there"]
 
@@ -83,3 +83,66 @@ async def test_a_burst_of_three_times_capacity_ends_in_answers_or_refusals(mesh:
             await mesh.wait_idle(tier)
         result = await client.chat(PROMPTS[0], max_tokens=8)  # the mesh answers as before
         assert result.text
+
+
+async def _router_sees_running(mesh: Mesh, tier: str, running: int) -> None:
+    """Waits until the router's last load report of `tier` shows `running` requests."""
+    while (load := mesh.router.watcher.loads[tier]) is None or load.running != running:
+        await asyncio.sleep(0.01)
+
+
+async def test_a_refused_chat_goes_on_only_to_a_tier_that_would_start_it_at_once(
+    tmp_path: Path,
+) -> None:
+    """small refuses at admission (its expected wait, one slot held for an unmeasured 1 s, is
+    past the chat's 0.8 s deadline). With a free slot on medium the chat is retried there
+    unseen; with medium's slot taken the refusal is relayed at once and medium never sees the
+    chat (its own admission would have refused it too, and counted it)."""
+    mesh = await start_mesh(
+        tmp_path,
+        tiers=("small", "medium"),
+        tier_options={
+            "engine": "echo",
+            "echo_ttft_ms": 1.0,
+            "echo_tokens_per_s": 20.0,  # a held chat of 200 tokens lasts 10 s
+            "max_running": 1,
+            "max_queued": 4,
+        },
+        router_options={
+            "load_watch_interval_ms": 50,
+            "policy": "interim_heuristic",
+            "refine_tier": "medium",
+        },
+    )
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            ready = asyncio.Event()
+            small = asyncio.create_task(
+                hold_stream(client, ready, "Hello", mode="pinned", tier="small", max_tokens=200)
+            )
+            await asyncio.wait_for(ready.wait(), 10)
+            await _router_sees_running(mesh, "small", 1)
+            result = await client.chat("Hi", max_tokens=2, timeout=0.8)
+            assert result.tier == "medium"
+            assert "small failed before its first token (RESOURCE_EXHAUSTED" in result.final.reason
+            assert "retried on medium" in result.final.reason
+            await mesh.wait_idle("medium")
+
+            ready = asyncio.Event()
+            medium = asyncio.create_task(
+                hold_stream(client, ready, "Hello", mode="pinned", tier="medium", max_tokens=200)
+            )
+            await asyncio.wait_for(ready.wait(), 10)
+            await _router_sees_running(mesh, "medium", 1)
+            with pytest.raises(ChatError) as refused:
+                await client.chat("Hi", max_tokens=2, timeout=0.8)
+            for holder in (small, medium):
+                holder.cancel()
+        error = refused.value
+        assert error.code == "RESOURCE_EXHAUSTED", error
+        assert error.message.startswith("tier small: tier at capacity: it could not start")
+        assert error.retry_after_s is not None and error.retry_after_s > 0
+        assert (await mesh.tier_status("small")).rejected == 2
+        assert (await mesh.tier_status("medium")).rejected == 0
+    finally:
+        await mesh.stop()
