@@ -8,6 +8,7 @@ Knows nothing of xDS messages (see `mesh.resources`) or of how a file is parsed 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,20 +143,30 @@ class Topology:
 
 
 def local_topology(
-    tier_ports: dict[str, int] | None = None,
+    tier_ports: Mapping[str, int | Sequence[int]] | None = None,
     router_port: int = DEFAULT_ROUTER_PORT,
     control_plane_port: int | None = None,
     host: str = "127.0.0.1",
 ) -> Topology:
-    """One cluster `<tier>-v1` with one endpoint per tier: the layout `tiermesh run` starts."""
-    ports = tier_ports or DEFAULT_TIER_PORTS
+    """One cluster `<tier>-v1` per tier with an endpoint per port (one port, or a replica's
+    each): the layout `tiermesh run` starts."""
+    ports: Mapping[str, int | Sequence[int]] = tier_ports or DEFAULT_TIER_PORTS
+    zone = Locality("local", "zone-a")
     tiers = tuple(
         Tier(
             name,
-            (Cluster(f"{name}-v1", (Endpoint(host, port, Locality("local", "zone-a")),)),),
+            (
+                Cluster(
+                    f"{name}-v1",
+                    tuple(
+                        Endpoint(host, port, zone)
+                        for port in ((ports_of,) if isinstance(ports_of, int) else ports_of)
+                    ),
+                ),
+            ),
             retry=RetryPolicy(),
         )
-        for name, port in ports.items()
+        for name, ports_of in ports.items()
     )
     cp_port = (
         router_port + CONTROL_PLANE_OFFSET if control_plane_port is None else control_plane_port

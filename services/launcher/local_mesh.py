@@ -115,11 +115,9 @@ def _plan_children(
     xds_tls: XdsTls | None = None,
     echo: EchoSettings | None = None,
 ) -> list[Child]:
-    if mesh and any(n > 1 for n in (replicas or {}).values()):
-        raise ConfigError("--replicas: not supported with --mesh yet")
     children = []
     tier_targets = []
-    tier_ports = {}
+    tier_ports: dict[str, list[int]] = {}
     for index, tier in enumerate(TIER_NAMES):
         port = None if base_port is None else base_port + 10 + index
         config = load_config(TierConfig, tier_config_path(tier), port=port, device=device)
@@ -139,14 +137,14 @@ def _plan_children(
             command += ["--port", str(port), "--metrics-port", str(base_port + 20 + index)]
         address = f"{config.host}:{config.port}"
         children.append(Child(tier, address, command, run_dir / f"{tier}.log"))
-        addresses = [address]
+        addresses, tier_ports[tier] = [address], [config.port]
         for n in range(2, (replicas or {}).get(tier, 1) + 1):
             name, port = f"{tier}-{n}", free_port()
             replica = [*tier_command, "--port", str(port), "--metrics-port", "0"]
             addresses.append(f"{config.host}:{port}")
+            tier_ports[tier].append(port)
             children.append(Child(name, addresses[-1], replica, run_dir / f"{name}.log"))
         tier_targets += ["--tier", f"{tier}={','.join(addresses)}"]
-        tier_ports[tier] = config.port
     router_port = 50051 if base_port is None else base_port
     router_address = f"127.0.0.1:{router_port}"
     router_command = [sys.executable, "-m", "services.router", "--port", str(router_port)]
@@ -185,9 +183,10 @@ def _plan_gateway(
 
 
 def _plan_control_plane(
-    tier_ports: dict[str, int], router_port: int, run_dir: Path, xds_tls: XdsTls | None = None
+    tier_ports: dict[str, list[int]], router_port: int, run_dir: Path, xds_tls: XdsTls | None = None
 ) -> tuple[Child, dict[str, str], list[str]]:
-    """The control plane child (on a topology written for these ports), the router's xDS
+    """The control plane child (on a topology written for these ports, a tier's replicas as
+    endpoints of its one cluster, balanced by xDS round robin), the router's xDS
     bootstrap environment (ADS over TLS with `xds_tls`), and the router's xds:/// targets."""
     from mesh.bootstrap import bootstrap_env
     from mesh.topology import dump_yaml, local_topology, xds_target

@@ -1,6 +1,7 @@
 """End to end with the mesh: `tiermesh run --mesh` starts the control plane beside the tiers and
 the router, the router reaches the tiers through xds:/// targets, a chat works, and
-`tiermesh mesh status` shows the router's node with every resource type ACKed."""
+`tiermesh mesh status` shows the router's node with every resource type ACKed; a tier's
+replicas (`--replicas medium=2`) are endpoints of its cluster and xDS spreads chats over both."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def mesh_process(tiny_model_dir: Path, tmp_path: Path):
         for arg in ("--model", f"{tier}={tiny_model_dir}")
     ]
     env = {"TIERMESH_RUN_DIR": str(tmp_path / "run")}
-    with tiermesh_run(["--mesh", "--base-port", str(base), *models], env) as (process, output):
+    args = ["--mesh", "--replicas", "medium=2", "--base-port", str(base), *models]
+    with tiermesh_run(args, env) as (process, output):
         yield process, base, tmp_path / "run", output
 
 
@@ -66,6 +68,16 @@ def test_run_mesh_routes_through_xds(mesh_process) -> None:
         "EDS": "ACKED",
     }
     assert set(types["LDS"]["resource_names"]) >= {"tier-small", "tier-large"}
+
+    # medium's two replicas: both in its cluster, both answer pinned chats (xDS round robin).
+    (medium_cluster,) = [c for c in json.loads(status.stdout)["clusters"] if c["tier"] == "medium"]
+    replicas = [e["address"] for e in medium_cluster["endpoints"]]
+    assert len(replicas) == 2 and f"127.0.0.1:{base + 11}" in replicas
+    with RouterClient(f"127.0.0.1:{base}") as client:
+        for _ in range(8):
+            answer = client.chat("Hi", mode="pinned", tier="medium", max_tokens=2)
+            assert answer.tier == "medium"
+    assert all(_completed(replica) > 0 for replica in replicas), replicas
 
     # Editing the topology moves traffic without dropping a stream already in flight.
     router_address, small, medium = (f"127.0.0.1:{base + o}" for o in (0, 10, 11))
