@@ -5,7 +5,7 @@ is current when the request starts and counts the requests in flight on each eng
 validates the new model's folder, loads it into a second engine (its own batch scheduler and KV
 pool) while the old one keeps serving, then switches by replacing the current engine: requests
 in flight finish on the old engine, new ones start on the new. Once the old engine's last stream
-has ended (or the tier's drain_grace_s has passed) it is stopped, dropped and collected, which
+has ended (or the tier's drain_grace_s has passed) it is stopped and dropped, which
 frees its weights and KV pool.
 
 Knows nothing of gRPC: a swap's phases are plain `SwapRecord`s; refusals are TiermeshErrors
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -276,7 +275,13 @@ class EngineSwitch:
         done, refused = self._counted_before
         self._counted_before = (done + load.completed, refused + load.rejected)
         del old, load
-        await asyncio.to_thread(gc.collect)
+        # Reference counting frees the engine, its weights and KV pool here; a full gc.collect()
+        # would hold the interpreter for most of a second (a heap of torch and transformers),
+        # stalling every stream. On CUDA the freed blocks go back to the device.
+        if self._config.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()
         return cut, freed
 
 

@@ -1,0 +1,197 @@
+"""Hot swap of a tier's model under load: starts `python -m services.tier_<tier>` as a process,
+keeps --streams greedy streams going against it, swaps its model to each --to folder and back
+(TierAdminService.SwapModel), and reports each swap's load, switch and drain times from the
+tier with what the clients saw: requests failed, requests started after the switch yet answered
+by the old model, and the longest wait between two chunks of one stream while the swap ran.
+
+    .venv/bin/python scripts/hot_swap.py --tier small --to services/tier_medium/model \
+        --to models/smollm2-135m [--streams 4] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from tiermesh.v1 import tier_pb2, tier_pb2_grpc
+
+from services.launcher.local_mesh import free_port, is_serving
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ["What is your return policy?", "How much does the blue kettle cost?", "Hello"]
+
+
+@dataclass
+class Load:
+    """What the streams saw: requests by outcome, and each request's model and timing."""
+
+    ok: int = 0
+    failed: list[str] = field(default_factory=list)
+    # (started, model that answered, longest gap between its chunks in s, its chunk times)
+    requests: list[tuple[float, str, list[float]]] = field(default_factory=list)
+    running: bool = True
+
+
+async def stream_loop(stub: tier_pb2_grpc.TierServiceStub, load: Load, worker: int) -> None:
+    n = 0
+    while load.running:
+        n += 1
+        request = tier_pb2.GenerateRequest(
+            request_id=f"w{worker}-{n}", prompt=PROMPTS[n % len(PROMPTS)], max_tokens=48
+        )
+        started = time.perf_counter()
+        times: list[float] = []
+        model = ""
+        try:
+            async for chunk in stub.Generate(request):
+                times.append(time.perf_counter())
+                model = chunk.model or model
+            load.ok += 1
+        except grpc.aio.AioRpcError as e:
+            load.failed.append(f"{e.code().name}: {e.details()}")
+        load.requests.append((started, model, [started, *times]))
+
+
+def window_stats(load: Load, start: float, switched: float, end: float, old: str) -> dict[str, Any]:
+    """Of the requests that ran while the swap did: how many, how many started after the switch
+    (as the client learnt of it) yet were answered by the old model, the longest chunk gap."""
+    during = [r for r in load.requests if r[2][-1] >= start and r[0] <= end]
+    late_on_old = sum(1 for started, model, _ in during if started > switched and model == old)
+
+    def longest_gap(since: float, until: float) -> float:
+        """The longest wait for a chunk (the first included) that ended in [since, until], ms."""
+        gaps = [
+            b - a
+            for _, _, times in during
+            for a, b in itertools.pairwise(times)
+            if since <= b <= until
+        ]
+        return round(max(gaps, default=0.0) * 1000, 1)
+
+    return {
+        "requests_during_swap": len(during),
+        "started_after_switch_on_old_model": late_on_old,
+        "longest_chunk_wait_loading_ms": longest_gap(start, switched),
+        "longest_chunk_wait_after_switch_ms": longest_gap(switched, end),
+    }
+
+
+async def swap(
+    admin: tier_pb2_grpc.TierAdminServiceStub, load: Load, folder: Path
+) -> dict[str, Any]:
+    start = time.perf_counter()
+    switched = end = start
+    failed_before = len(load.failed)
+    record = tier_pb2.ModelSwap()
+    async for response in admin.SwapModel(tier_pb2.SwapModelRequest(model_path=str(folder))):
+        record = response.swap
+        if record.phase == "switched":
+            switched = time.perf_counter()
+    end = time.perf_counter()
+    await asyncio.sleep(1.0)  # requests that began on the new model finish
+    return {
+        "from": record.old_model_id,
+        "to": record.new_model_id,
+        "load_s": round(record.load_s, 3),
+        "switch_ms": round(record.switch_s * 1000, 3),
+        "drain_s": round(record.drain_s, 3),
+        "streams_on_old": record.streams_on_old,
+        "streams_cut": record.streams_cut,
+        "freed_mb": round(record.freed_bytes / 1e6, 1),
+        "failed_requests": len(load.failed) - failed_before,
+        **window_stats(load, start, switched, end, record.old_model_id),
+    }
+
+
+async def measure(address: str, own: Path, targets: list[Path], streams: int) -> dict[str, Any]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = tier_pb2_grpc.TierServiceStub(channel)
+        admin = tier_pb2_grpc.TierAdminServiceStub(channel)
+        load = Load()
+        workers = [asyncio.create_task(stream_loop(stub, load, w)) for w in range(streams)]
+        await asyncio.sleep(2.0)  # steady load before the first swap
+        steady_until = time.perf_counter()
+        await asyncio.sleep(3.0)
+        steady = window_stats(load, steady_until, steady_until, time.perf_counter(), "")
+        swaps = []
+        for folder in targets:
+            swaps.append(await swap(admin, load, folder))
+            swaps.append(await swap(admin, load, own))
+        load.running = False
+        await asyncio.gather(*workers)
+    return {
+        "streams": streams,
+        "requests_ok": load.ok,
+        "failures": load.failed,
+        "longest_chunk_wait_without_swap_ms": steady["longest_chunk_wait_after_switch_ms"],
+        "swaps": swaps,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tier", default="small", choices=("small", "medium", "large"))
+    parser.add_argument("--to", type=Path, action="append", required=True, help="model folder")
+    parser.add_argument("--streams", type=int, default=4, help="concurrent greedy streams")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    own = (ROOT / "services" / f"tier_{args.tier}" / "model").resolve()
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as work:
+        log_path = Path(work) / "tier.log"
+        with log_path.open("wb") as log:
+            tier = subprocess.Popen(
+                [sys.executable, "-m", f"services.tier_{args.tier}", "--port", str(port)]
+                + ["--metrics-port", "0"],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
+            try:
+                deadline = time.monotonic() + 300
+                while not is_serving(address):
+                    if tier.poll() is not None or time.monotonic() > deadline:
+                        print(log_path.read_text(), file=sys.stderr)
+                        return 1
+                    time.sleep(0.2)
+                targets = [folder.resolve() for folder in args.to]
+                report = asyncio.run(measure(address, own, targets, args.streams))
+            finally:
+                tier.terminate()
+                tier.wait(30)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(
+        f"{args.streams} streams, {report['requests_ok']} requests OK, "
+        f"{len(report['failures'])} failed {report['failures'][:3]}; longest wait for a chunk "
+        f"in 3 s without a swap {report['longest_chunk_wait_without_swap_ms']} ms"
+    )
+    for s in report["swaps"]:
+        print(
+            f"{s['from']} -> {s['to']}: load {s['load_s']:.2f} s, switch {s['switch_ms']:.3f} ms, "
+            f"drain {s['drain_s']:.2f} s ({s['streams_on_old']} on old, {s['streams_cut']} cut), "
+            f"freed {s['freed_mb']} MB; {s['requests_during_swap']} requests during the swap, "
+            f"{s['failed_requests']} failed, {s['started_after_switch_on_old_model']} started "
+            f"after the switch on the old model; longest wait for a chunk while loading "
+            f"{s['longest_chunk_wait_loading_ms']} ms, after the switch "
+            f"{s['longest_chunk_wait_after_switch_ms']} ms"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
