@@ -21,6 +21,7 @@ from rich.table import Table
 from services.bench.loadgen import RequestRecord
 from services.chaos.checks import TokenAccount
 from services.chaos.injector import FaultRecord
+from services.chaos.loop_lag import LoopLag
 from services.chaos.memory import MemoryWatch
 from services.chaos.recording import StreamTrace
 from services.common.percentiles import percentile
@@ -78,7 +79,11 @@ def build_report(
     account: TokenAccount,
     traces: Mapping[str, StreamTrace],
     memory: MemoryWatch,
+    lag: LoopLag | None = None,
 ) -> dict[str, Any]:
+    """`lag`: the chaos client's own event-loop lag, reported over each fault's window and the
+    whole run (`client_loop_lag_ms`): the part of a latency measured there that is the client's."""
+    lag = lag or LoopLag()
     completed = sum(1 for r in records if r.status == OK)
     failed = Counter(r.status for r in records if r.status != OK)
     ttfts = [r.ttft_s * 1000 for r in records if r.status == OK and r.ttft_s is not None]
@@ -95,6 +100,7 @@ def build_report(
                 **_during(records, f),
                 **_routed_around(records, traces, f),
                 **f.detail,
+                "client_loop_lag_ms": lag.summary_ms(f.at_s, f.window_end_s()),
             }
             for f in faults
         ],
@@ -121,6 +127,7 @@ def build_report(
             "told_ms_p50": _ms(percentile(told, 0.50)),  # the part until RevisionEnd(error)
             "told_ms_p99": _ms(percentile(told, 0.99)),
         },
+        "client_loop_lag_ms": lag.summary_ms(),
         "run": run,
     }
 
@@ -192,6 +199,11 @@ def print_report(report: Mapping[str, Any], console: Console) -> None:
         f"before to the first after: p50 {failover['gap_ms_p50']} ms, p99 "
         f"{failover['gap_ms_p99']} ms (of which until the broken revision's end: p50 "
         f"{failover['told_ms_p50']} ms, p99 {failover['told_ms_p99']} ms)"
+    )
+    lag = report["client_loop_lag_ms"]
+    console.print(
+        f"this client's own event-loop lag (in every latency above): p50 {lag['p50']} ms, "
+        f"p99 {lag['p99']} ms, max {lag['max']} ms"
     )
     memory = Table(title="memory (RSS MiB)")
     for column in ("service", "first", "last", "peak"):

@@ -33,6 +33,7 @@ from services.bench.scenarios import RequestSequence, Scenario, arrival_times, b
 from services.chaos.checks import ReferenceKey, account_tokens, reference_key
 from services.chaos.faults import OVERLOAD_FACTOR, PlannedFault, fault_targets, plan_faults
 from services.chaos.injector import FaultRecord, Injector
+from services.chaos.loop_lag import LoopLag
 from services.chaos.memory import MemoryWatch
 from services.chaos.recording import RecordingClient
 from services.chaos.report import build_report
@@ -217,6 +218,7 @@ async def run_chaos(
         account,
         result.client.traces,
         memory,
+        result.lag,
     )
 
 
@@ -247,6 +249,7 @@ class _Driven:
     records: list[RequestRecord]
     faults: list[FaultRecord]
     skipped: list[PlannedFault]  # their target was still recovering until the load's end
+    lag: LoopLag  # this process's event-loop lag while the load ran
 
 
 async def _drive(
@@ -328,13 +331,16 @@ async def _drive(
             await asyncio.sleep(0.25)
 
     ticking = asyncio.create_task(tick())
+    lag = LoopLag()
+    lagging = asyncio.create_task(lag.follow(base.now))
     try:
         records, _ = await asyncio.gather(load, inject_all())
     finally:
         ticking.cancel()
+        lagging.cancel()
         if ticker is not None:
             ticker(base.now(), options.duration_s, base.counters, faults)
-    return _Driven(client, records, faults, skipped)
+    return _Driven(client, records, faults, skipped, lag)
 
 
 async def _all_serving(children: list[Child], timeout_s: float = 180.0) -> None:

@@ -1,7 +1,9 @@
 """`tiermesh chaos`'s pure parts: the fault schedule, the token accounting against a reference
-and the failover gap read off a chat's recorded events."""
+the failover gap read off a chat's recorded events, and the client's loop lag."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 from tiermesh.client import DeltaEvent, FinalEvent
@@ -15,6 +17,7 @@ from services.chaos.faults import (
     parse_faults,
     plan_faults,
 )
+from services.chaos.loop_lag import LoopLag
 from services.chaos.recording import StreamTrace
 
 PROCESSES = {"small": ["small", "small-2"], "medium": ["medium"], "large": ["large"]}
@@ -83,3 +86,16 @@ def test_answers_are_checked_against_the_reference_of_the_tier_that_answered() -
     assert account.text_mismatches == 0
     gaps = traces["failed over"].failover_gaps_s()
     assert len(gaps) == 1 and gaps[0][0] == pytest.approx(0.11) and gaps[0][1] == pytest.approx(0.1)
+
+
+async def test_the_client_loop_lag_is_sampled_and_summed_up_over_a_window() -> None:
+    lag = LoopLag(interval_s=0.005)
+    clock = iter(range(1000))
+    follow = asyncio.create_task(lag.follow(lambda: float(next(clock))))
+    while len(lag.samples) < 4:
+        await asyncio.sleep(0.005)
+    follow.cancel()
+    assert all(late >= 0 for _, late in lag.samples)
+    lag.samples = [(0.0, 0.001), (1.0, 0.004), (2.0, 0.1), (3.0, 0.002)]
+    assert lag.summary_ms(0.5, 2.5) == {"p50": 4.0, "p99": 100.0, "max": 100.0}  # nearest rank
+    assert lag.summary_ms(5.0)["p99"] is None
