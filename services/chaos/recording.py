@@ -63,15 +63,33 @@ class StreamTrace:
         """For each revision that broke (finish reason `error`) after streaming: the time from
         its last delta to the first delta of the revision that replaced it, and the part of it
         until the client was told the revision broke (its RevisionEnd)."""
-        gaps: list[tuple[float, float | None]] = []
+        return [(f.gap_s, f.told_s) for f in self.failovers()]
+
+    def failovers(self) -> list[Failover]:
+        """Each revision that broke after streaming and the one that replaced it (see
+        failover_gaps_s), with how many tokens the broken one had streamed."""
+        found: list[Failover] = []
         ordered = [self.revisions[n] for n in sorted(self.revisions)]
         for broken, after in itertools.pairwise(ordered):
             if broken.finish_reason != "error" or broken.last_delta_s is None:
                 continue
             if after.first_delta_s is not None:
                 told = None if broken.ended_s is None else broken.ended_s - broken.last_delta_s
-                gaps.append((after.first_delta_s - broken.last_delta_s, told))
-        return gaps
+                gap = after.first_delta_s - broken.last_delta_s
+                found.append(Failover(gap, told, len(broken.token_ids)))
+        return found
+
+
+@dataclass(frozen=True)
+class Failover:
+    """A broken revision replaced: the gap between the last delta before and the first after,
+    the part until the break was told, and the tokens the broken revision had streamed (which a
+    replacing revision that starts over streams again before anything new: its first delta comes
+    once its text has passed them, or differs)."""
+
+    gap_s: float
+    told_s: float | None
+    broken_tokens: int
 
 
 class RecordingClient(AsyncRouterClient):

@@ -87,9 +87,11 @@ def build_report(
     completed = sum(1 for r in records if r.status == OK)
     failed = Counter(r.status for r in records if r.status != OK)
     ttfts = [r.ttft_s * 1000 for r in records if r.status == OK and r.ttft_s is not None]
-    pairs = [pair for trace in traces.values() for pair in trace.failover_gaps_s()]
-    gaps = [gap * 1000 for gap, _ in pairs]
-    told = [t * 1000 for _, t in pairs if t is not None]
+    failovers = [f for trace in traces.values() for f in trace.failovers()]
+    gaps = [f.gap_s * 1000 for f in failovers]
+    told = [f.told_s * 1000 for f in failovers if f.told_s is not None]
+    broken = [f.broken_tokens for f in failovers]
+    per_token = [f.gap_s * 1000 / f.broken_tokens for f in failovers if f.broken_tokens]
     return {
         "faults": [
             {
@@ -126,6 +128,11 @@ def build_report(
             "gap_ms_max": _ms(max(gaps, default=None)),
             "told_ms_p50": _ms(percentile(told, 0.50)),  # the part until RevisionEnd(error)
             "told_ms_p99": _ms(percentile(told, 0.99)),
+            # tokens the broken revision had streamed: the replacing one starts over and
+            # streams them again before its first delta; and the gap per such token
+            "broken_tokens_p50": percentile(broken, 0.50),
+            "broken_tokens_p99": percentile(broken, 0.99),
+            "gap_ms_per_broken_token_p50": _ms(percentile(per_token, 0.50)),
         },
         "client_loop_lag_ms": lag.summary_ms(),
         "run": run,

@@ -86,6 +86,8 @@ def test_answers_are_checked_against_the_reference_of_the_tier_that_answered() -
     assert account.text_mismatches == 0
     gaps = traces["failed over"].failover_gaps_s()
     assert len(gaps) == 1 and gaps[0][0] == pytest.approx(0.11) and gaps[0][1] == pytest.approx(0.1)
+    (failover,) = traces["failed over"].failovers()
+    assert failover.broken_tokens == 1 and failover.gap_s == pytest.approx(0.11)
 
 
 async def test_the_client_loop_lag_is_sampled_and_summed_up_over_a_window() -> None:
