@@ -41,10 +41,13 @@ class TierLoad:
     ttft_ms_p99: float
     kv_pool_used_tokens: int = 0
     kv_pool_capacity_tokens: int = 0
+    refusing: bool = False  # it refused a call for overload since this report, at this load
 
     @property
     def queue_full(self) -> bool:
-        return self.queued >= self.max_queued and self.running >= self.max_running
+        """Takes no more requests: both limits reached, or it refused one at this load."""
+        full = self.queued >= self.max_queued and self.running >= self.max_running
+        return self.refusing or full
 
     @property
     def fill(self) -> float:

@@ -29,6 +29,9 @@ class ReplicaReports(Protocol):
 
     def endpoint_load(self, endpoint: str) -> TierLoad | None: ...
 
+    def note_refusal(self, endpoint: str) -> None:
+        """A call to the replica was refused for overload (RESOURCE_EXHAUSTED)."""
+
 
 class NoReports:
     """Every replica up, load unknown: for a router that watches nothing (tests)."""
@@ -37,6 +40,9 @@ class NoReports:
         return None
 
     def endpoint_load(self, endpoint: str) -> TierLoad | None:
+        return None
+
+    def note_refusal(self, endpoint: str) -> None:
         return None
 
 
@@ -114,10 +120,15 @@ class TierHealth:
         return endpoint
 
     def observe(self, event: SessionEvent) -> None:
-        """A ChatObserver: counts each tier call's outcome for or against its replica."""
-        if self._outliers is None or not isinstance(event, TierCallEnded):
+        """A ChatObserver: counts each tier call's outcome for or against its replica, and
+        tells the replica's reports of a refusal for overload."""
+        if not isinstance(event, TierCallEnded):
             return
         endpoint = event.endpoint or event.tier
+        if event.code == "RESOURCE_EXHAUSTED":
+            self._reports.note_refusal(endpoint)
+        if self._outliers is None:
+            return
         now = self._clock()
         was = self._outliers.blocked(endpoint, now)
         self._outliers.ended(endpoint, event.code, now)

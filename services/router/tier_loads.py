@@ -7,8 +7,11 @@ failure. A replica reads as down (`endpoint_down()` gives the reason) while its 
 broken or silent for longer than `stale_s` (a hung process), or its health says NOT_SERVING (a
 draining tier says so at once, and the router then leaves both its streams so that they do not
 hold the drain open); its load then reads as unknown (None), which never counts as room. A
-tier's load, for the policies, is that of its least loaded replica that is up. Knows gRPC and
-the tier contract only.
+tier's load, for the policies, is that of its least loaded replica that is up. A replica that
+refused a call for overload (`note_refusal`) reads as full (`TierLoad.refusing`) until its next
+load report: until then the router refuses at once itself (or falls back) instead of sending it
+calls it would refuse; at most one call per replica and report interval learns afresh. Knows
+gRPC and the tier contract only.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -56,7 +60,7 @@ class LiveLoads(Mapping[str, TierLoad | None]):
     def __getitem__(self, tier: str) -> TierLoad | None:
         loads = [self._watcher.endpoint_load(e) for e in self._watcher.replicas[tier]]
         known = [load for load in loads if load is not None]
-        return min(known, key=lambda load: load.fill, default=None)
+        return min(known, key=lambda load: (load.refusing, load.fill), default=None)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._watcher.replicas)
@@ -77,6 +81,7 @@ class TierLoadWatcher:
         self._load_error: dict[str, str | None] = dict.fromkeys(
             endpoints, "has not reported its load yet"
         )
+        self._refused: dict[str, TierLoad] = {}  # endpoint -> the report it refused under
         self._health: dict[str, str] = {}  # endpoint -> last health status name
         self._draining: set[str] = set()  # went NOT_SERVING after SERVING; cleared when back
         self._load_calls: dict[str, grpc.aio.UnaryStreamCall[Any, Any]] = {}
@@ -117,8 +122,21 @@ class TierLoadWatcher:
         return None
 
     def endpoint_load(self, endpoint: str) -> TierLoad | None:
-        """The replica's last load report while it is up, else None (unknown)."""
-        return None if self.endpoint_down(endpoint) is not None else self.reported[endpoint]
+        """The replica's last load report while it is up, else None (unknown); `refusing` set
+        while it reads as full after a refusal."""
+        if self.endpoint_down(endpoint) is not None:
+            return None
+        load = self.reported[endpoint]
+        if load is None or self._refused.get(endpoint) is not load:
+            return load
+        return replace(load, refusing=True)
+
+    def note_refusal(self, endpoint: str) -> None:
+        """A call to the replica was refused for overload: it reads as full until its next
+        load report."""
+        load = self.reported.get(endpoint)
+        if load is not None:
+            self._refused[endpoint] = load
 
     async def _watch(self, endpoint: str) -> None:
         request = tier_pb2.WatchLoadRequest(interval_ms=self._interval_ms)
@@ -128,6 +146,7 @@ class TierLoadWatcher:
             try:
                 async for status in call:
                     self.reported[endpoint] = load_from_status(status)
+                    self._refused.pop(endpoint, None)
                     self._reported_at[endpoint] = time.monotonic()
                     self._load_error[endpoint] = None
                     self._heard[endpoint].set()

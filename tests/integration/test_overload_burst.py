@@ -146,3 +146,52 @@ async def test_a_refused_chat_goes_on_only_to_a_tier_that_would_start_it_at_once
         assert (await mesh.tier_status("medium")).rejected == 0
     finally:
         await mesh.stop()
+
+
+async def test_a_tier_that_refused_is_full_to_the_router_until_its_next_load_report(
+    tmp_path: Path,
+) -> None:
+    """Once small has refused a chat, the router refuses the next ones itself (RESOURCE_EXHAUSTED
+    with a retry delay, `every tier full`), sending small nothing, until small reports its load
+    again (every 2 s here)."""
+    mesh = await start_mesh(
+        tmp_path,
+        tiers=("small",),
+        tier_options={
+            "engine": "echo",
+            "echo_ttft_ms": 1.0,
+            "echo_tokens_per_s": 20.0,
+            "max_running": 1,
+            "max_queued": 4,
+        },
+        router_options={
+            "load_watch_interval_ms": 2000,
+            "load_stale_ms": 10000,
+            "refine_tier": "small",
+        },
+    )
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            ready = asyncio.Event()
+            holder = asyncio.create_task(
+                hold_stream(client, ready, "Hello", mode="pinned", tier="small", max_tokens=200)
+            )
+            await asyncio.wait_for(ready.wait(), 10)
+            await _router_sees_running(mesh, "small", 1)
+            refusals: list[ChatError] = []
+            while len(refusals) < 12 and not any(
+                e.message.startswith("every tier full") for e in refusals
+            ):
+                with pytest.raises(ChatError) as refused:
+                    await client.chat("Hi", max_tokens=2, timeout=0.8)
+                refusals.append(refused.value)
+            holder.cancel()
+        by_router = [e for e in refusals if e.message.startswith("every tier full")]
+        by_small = [e for e in refusals if e.message.startswith("tier small: ")]
+        assert by_router and len(by_router) + len(by_small) == len(refusals), refusals
+        assert "small refused a call at 1 running, 0 queued" in by_router[0].message
+        assert all(e.code == "RESOURCE_EXHAUSTED" for e in refusals)
+        assert all(e.retry_after_s is not None and e.retry_after_s > 0 for e in refusals)
+        assert (await mesh.tier_status("small")).rejected == len(by_small)
+    finally:
+        await mesh.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
@@ -185,3 +186,13 @@ def test_the_router_refuses_at_once_when_every_candidate_tier_is_full() -> None:
     assert choose_with_fallback("small", {**loads, "large": IDLE}, config)[0] == "large"
     # a tier whose load is unknown is not known to be full: tried, not refused
     assert choose_with_fallback("small", {**loads, "large": None}, config)[0] == "small"
+
+
+def test_tiers_that_refused_at_their_last_reported_load_are_full_to_the_router() -> None:
+    config = RouterConfig()
+    refusing = replace(IDLE, running=4, refusing=True)
+    loads = {"small": refusing, "medium": FULL, "large": refusing}
+    with pytest.raises(TiersFull, match="small refused a call at 4 running, 0 queued"):
+        choose_with_fallback("small", loads, config)
+    tier, note, _ = choose_with_fallback("small", {**loads, "medium": IDLE}, config)
+    assert tier == "medium" and "small refused a call" in note

@@ -96,12 +96,16 @@ class Reports:
     def __init__(self) -> None:
         self.loads: dict[str, TierLoad] = {}
         self.downs: dict[str, str] = {}
+        self.refusals: list[str] = []
 
     def endpoint_down(self, endpoint: str) -> str | None:
         return self.downs.get(endpoint)
 
     def endpoint_load(self, endpoint: str) -> TierLoad | None:
         return None if endpoint in self.downs else self.loads.get(endpoint)
+
+    def note_refusal(self, endpoint: str) -> None:
+        self.refusals.append(endpoint)
 
 
 def busy(running: int) -> TierLoad:
@@ -152,3 +156,13 @@ def test_room_means_a_replica_not_tried_would_start_a_call_at_once() -> None:
     reports.downs = {"b": "health NOT_SERVING"}
     assert not health.has_room("small", ())
     assert not health.has_room("medium", ())  # not configured
+
+
+def test_a_refusal_for_overload_is_told_to_the_replica_s_reports_and_ejects_nothing() -> None:
+    reports = Reports()
+    health = TierHealth({"small": ("a", "b")}, reports, detector(), clock=lambda: 0.0)
+    for _ in range(3):
+        health.observe(TierCallEnded("small", "r/small/1", "RESOURCE_EXHAUSTED", endpoint="a"))
+    health.observe(TierCallEnded("small", "r/small/2", "UNAVAILABLE", endpoint="b"))
+    assert reports.refusals == ["a", "a", "a"]
+    assert health.endpoint_down("a") is None
