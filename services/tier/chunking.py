@@ -28,8 +28,17 @@ class ChunkSink(Protocol):
 
 
 class ChunkAssembler:
-    def __init__(self, tokenizer: Any, per_chunk: int) -> None:
-        self._detok = IncrementalDetokenizer(tokenizer)
+    def __init__(
+        self,
+        tokenizer: Any,
+        per_chunk: int,
+        continued: tuple[int, ...] = (),
+        continued_chars: int = 0,
+    ) -> None:
+        """`continued`: answer tokens streamed before this stream (by another replica), of
+        whose text the reader has `continued_chars` characters: the text after those comes
+        first."""
+        self._detok = IncrementalDetokenizer(tokenizer, continued, continued_chars)
         self._per_chunk = per_chunk
         self._ids: list[int] = []
         self._logprobs: list[float] = []

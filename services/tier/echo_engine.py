@@ -109,7 +109,7 @@ class EchoEngine(EngineLifecycle):
         self._running: set[str] = set()
 
     async def _start_model(self) -> PromptFormat:
-        return PromptFormat(EchoTokenizer(), frozenset(), None)
+        return PromptFormat(EchoTokenizer(), frozenset(), None, WORD_BASE + len(ECHO_WORDS))
 
     async def _decode(self, prepared: PreparedRequest) -> AsyncGenerator[GenerationChunk, None]:
         """The answer's tokens: the first alone after echo_ttft_ms, then tokens_per_chunk at a
@@ -118,7 +118,10 @@ class EchoEngine(EngineLifecycle):
         rid = prepared.request_id
         self._running.add(rid)
         try:
-            ids = echo_answer(prepared.prompt_ids, prepared.max_tokens, prepared.sampling.seed)
+            done = len(prepared.continued)  # a continued answer: the same words, after those
+            ids = echo_answer(
+                prepared.rendered_prompt_ids, done + prepared.max_tokens, prepared.sampling.seed
+            )[done:]
             await asyncio.sleep(self._ttft_s)
             first_at = time.perf_counter()
             sent = 0

@@ -38,6 +38,8 @@ class GenerationRequest:
     sampling: Sampling = field(default_factory=Sampling)
     tokens_per_chunk: int = 0  # 0 = the engine's default
     deadline_s: float | None = None  # seconds the caller has left when it arrives; None = none
+    continue_ids: tuple[int, ...] = ()  # answer tokens already streamed (another replica's)
+    continue_chars: int | None = None  # characters of their text the caller has; None = all
 
 
 @dataclass(frozen=True)

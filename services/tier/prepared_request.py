@@ -12,7 +12,7 @@ from typing import Any
 
 from services.common.errors import InvalidArgument
 from services.tier.engine import GenerationRequest, Sampling
-from services.tier.tokenizer_loading import encode_prompt, render_prompt
+from services.tier.tokenizer_loading import continued_text_chars, encode_prompt, render_prompt
 
 STOP = "stop"  # the model ended the text (an end-of-sequence token, or its decoder stopped)
 LENGTH = "length"  # max_tokens were generated
@@ -25,6 +25,7 @@ class PromptFormat:
     tokenizer: Any  # a transformers tokenizer
     eos_token_ids: frozenset[int]
     context_length: int | None  # most positions (prompt + generated); None = not known here
+    vocab_size: int | None = None  # token ids the model takes; None = the tokenizer's length
 
 
 @dataclass(frozen=True)
@@ -32,11 +33,20 @@ class PreparedRequest:
     """A request an engine can decode as it is: token ids, limits and sampling."""
 
     request_id: str
-    prompt_ids: tuple[int, ...]  # never empty, within the prompt limit
-    max_tokens: int  # >= 1; prompt + max_tokens fit the model's context when it is known
+    prompt_ids: tuple[int, ...]  # never empty; the rendered prompt, then `continued`
+    max_tokens: int  # new tokens, >= 1; prompt + max_tokens fit the model's context if known
     sampling: Sampling
     tokens_per_chunk: int  # >= 1: tokens per streamed chunk after the first
     eos_token_ids: frozenset[int]
+    # answer tokens streamed before (by another replica): the tail of prompt_ids, already
+    # subtracted from max_tokens; the engine decodes on after them and never streams them
+    continued: tuple[int, ...] = ()
+    continued_chars: int = 0  # characters of the continued tokens' text the caller has
+
+    @property
+    def rendered_prompt_ids(self) -> tuple[int, ...]:
+        """The prompt without the continued answer tokens."""
+        return self.prompt_ids[: len(self.prompt_ids) - len(self.continued)]
 
     def finish_after(self, token: int | None, generated: int, *, ended: bool = False) -> str | None:
         """The finish rule for this request; see finish_reason."""
@@ -75,7 +85,8 @@ def prepare_request(
 
     Raises InvalidArgument when the prompt renders to no tokens, is longer than the tier's
     limit (max_prompt_tokens, and one less than the model's context), or leaves no room in the
-    context for max_tokens. `tokens_per_chunk` is the tier's default chunk size.
+    context for max_tokens, or when continued answer tokens are not ones the model could have
+    streamed (see check_continued). `tokens_per_chunk` is the tier's default chunk size.
     """
     tokenizer = prompt_format.tokenizer
     text = render_prompt(tokenizer, list(request.messages)) if request.messages else request.prompt
@@ -93,11 +104,48 @@ def prepare_request(
             f"max_tokens: prompt of {len(ids)} tokens + max_tokens {request.max_tokens} "
             f"exceeds the model's context of {context} tokens"
         )
+    continued, continued_chars = check_continued(request, prompt_format)
     return PreparedRequest(
         request_id=request.request_id,
-        prompt_ids=tuple(ids),
-        max_tokens=request.max_tokens,
+        prompt_ids=(*ids, *continued),
+        max_tokens=request.max_tokens - len(continued),
         sampling=request.sampling,
         tokens_per_chunk=request.tokens_per_chunk or tokens_per_chunk,
         eos_token_ids=prompt_format.eos_token_ids,
+        continued=continued,
+        continued_chars=continued_chars,
     )
+
+
+def check_continued(
+    request: GenerationRequest, prompt_format: PromptFormat
+) -> tuple[tuple[int, ...], int]:
+    """The request's continued answer tokens and how many characters of their text the caller
+    has, checked: fewer tokens than max_tokens, each within the model's vocabulary (an id past
+    it would fail the whole batch step), none an end-of-sequence token (the answer would have
+    ended there), no more characters than their text has. Raises InvalidArgument naming the
+    first fault."""
+    continued = request.continue_ids
+    if not continued:
+        return (), 0
+    if len(continued) >= request.max_tokens:
+        raise InvalidArgument(
+            f"continue_token_ids: {len(continued)} tokens leave none of max_tokens "
+            f"{request.max_tokens} to generate"
+        )
+    vocab = prompt_format.vocab_size or len(prompt_format.tokenizer)
+    for index, token in enumerate(continued):
+        if token >= vocab:
+            raise InvalidArgument(
+                f"continue_token_ids[{index}]: {token} is not in the model's vocabulary "
+                f"of {vocab} tokens"
+            )
+        if token in prompt_format.eos_token_ids:
+            raise InvalidArgument(
+                f"continue_token_ids[{index}]: {token} is an end-of-sequence token"
+            )
+    try:
+        chars = continued_text_chars(prompt_format.tokenizer, continued, request.continue_chars)
+    except ValueError as e:
+        raise InvalidArgument(f"continue_text_chars: {e}") from None
+    return tuple(continued), chars

@@ -87,6 +87,10 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
             sampling=sampling_from_proto(request.sampling),
             tokens_per_chunk=request.tokens_per_chunk,
             deadline_s=deadline_s,
+            continue_ids=tuple(request.continue_token_ids),
+            continue_chars=(
+                request.continue_text_chars if request.HasField("continue_text_chars") else None
+            ),
         )
 
     async def Generate(

@@ -19,7 +19,7 @@ from services.common.errors import ConfigError
 from services.tier.engine import GenerationChunk
 from services.tier.engine_lifecycle import EngineLifecycle, ModelFootprint
 from services.tier.prepared_request import PreparedRequest, PromptFormat
-from services.tier.tokenizer_loading import eos_token_ids, load_tokenizer
+from services.tier.tokenizer_loading import IncrementalDetokenizer, eos_token_ids, load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,13 @@ class TensorRtLlmEngine(EngineLifecycle):
         )
         self._outputs[prepared.request_id] = output
         finished = False
+        # TensorRT-LLM's text starts at the first new token; a continued answer's text must
+        # follow the tokens streamed before (a leading space, a split character): ours does
+        detok = None
+        if prepared.continued:
+            detok = IncrementalDetokenizer(
+                self._tokenizer, prepared.continued, prepared.continued_chars
+            )
         try:
             async for step in output:
                 completion = step.outputs[0]
@@ -115,9 +122,12 @@ class TensorRtLlmEngine(EngineLifecycle):
                 if finished:
                     last = completion.token_ids[-1] if completion.token_ids else None
                     finish = prepared.finish_after(last, len(completion.token_ids), ended=True)
+                text = completion.text_diff
+                if detok is not None:
+                    text = detok.add(token_ids, final=finish is not None)
                 yield GenerationChunk(
                     tuple(token_ids),
-                    completion.text_diff,
+                    text,
                     tuple(_logprob(e) for e in logprobs),
                     finish,
                 )

@@ -9,6 +9,7 @@ machinery and torch with it). Never touches a model hub. Knows nothing of models
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,19 +68,23 @@ class IncrementalDetokenizer:
     token that depends on its neighbour decodes right), never the whole sequence again.
     """
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(
+        self, tokenizer: Any, continued: Sequence[int] = (), continued_chars: int | None = None
+    ) -> None:
+        """`continued`: tokens of the text whose first `continued_chars` characters were sent
+        before (by another replica; None: all of their text but a split last character). The
+        first delta is the text after those characters."""
         self._tokenizer = tokenizer
-        self._ids: list[int] = []
+        self._ids: list[int] = list(continued)
         self._prefix = 0  # start of the previous window: decoded again for context only
         self._read = 0  # ids before this index are already text
+        self._skip = 0  # characters of the next delta the reader has already
+        if continued:
+            self._skip = continued_text_chars(tokenizer, continued, continued_chars)
         self.text = ""
 
     def _decode(self, ids: list[int]) -> str:
-        return str(
-            self._tokenizer.decode(
-                ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
-            )
-        )
+        return decode_text(self._tokenizer, ids)
 
     def add(self, token_ids: list[int], final: bool = False) -> str:
         """Appends token ids and returns the text they add (empty while a character is split)."""
@@ -89,6 +94,26 @@ class IncrementalDetokenizer:
         if after.endswith("\ufffd") and not final:
             return ""
         delta = after[len(before) :]
+        if self._skip:
+            delta, self._skip = delta[self._skip :], 0
         self._prefix, self._read = self._read, len(self._ids)
         self.text += delta
         return delta
+
+
+def decode_text(tokenizer: Any, ids: Sequence[int]) -> str:
+    """The text of answer token ids, as streamed (special tokens left out)."""
+    return str(
+        tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    )
+
+
+def continued_text_chars(tokenizer: Any, ids: Sequence[int], chars: int | None) -> int:
+    """How many characters of `ids`' text a reader has: `chars`, or when None all of it but a
+    split last character. Raises ValueError when `chars` is more than the text has."""
+    text = decode_text(tokenizer, ids)
+    if chars is None:
+        return len(text.rstrip("\ufffd"))
+    if chars > len(text):
+        raise ValueError(f"{chars} characters, but those tokens make {len(text)}")
+    return chars

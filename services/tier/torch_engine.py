@@ -113,7 +113,8 @@ class TorchEngine(EngineLifecycle):
             sum(self.startup_s.values()),
             ", ".join(f"{part} {seconds:.2f} s" for part, seconds in self.startup_s.items()),
         )
-        return PromptFormat(loaded.tokenizer, loaded.eos_token_ids, loaded.context_length)
+        vocab = int(loaded.model.get_input_embeddings().num_embeddings)
+        return PromptFormat(loaded.tokenizer, loaded.eos_token_ids, loaded.context_length, vocab)
 
     async def _decode(self, prepared: PreparedRequest) -> AsyncGenerator[GenerationChunk, None]:
         """Reserves the request's pool slot, hands the request to the batch scheduler (or a
@@ -125,7 +126,12 @@ class TorchEngine(EngineLifecycle):
         # at most one chunk per generated token, then the end
         channel: ChunkChannel[GenerationChunk] = ChunkChannel(loop, prepared.max_tokens)
         stop = threading.Event()
-        assembler = ChunkAssembler(self._loaded.tokenizer, prepared.tokens_per_chunk)
+        assembler = ChunkAssembler(
+            self._loaded.tokenizer,
+            prepared.tokens_per_chunk,
+            prepared.continued,
+            prepared.continued_chars,
+        )
         released: asyncio.Future[None] | None = None
         if self._scheduler is not None:
             assert self._pool is not None

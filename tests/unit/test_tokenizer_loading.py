@@ -49,3 +49,20 @@ def test_loaded_tokenizer_round_trips(tiny_model_dir: Path) -> None:
     detok = IncrementalDetokenizer(tokenizer)
     assert "".join(detok.add([i]) for i in ids) == "What is your return policy?"
     assert eos_token_ids(tiny_model_dir, tokenizer) == {tokenizer.eos_token_id}
+
+
+def test_a_continued_detokenizer_sends_what_the_broken_stream_held_back(
+    tiny_model_dir: Path,
+) -> None:
+    tokenizer = load_tokenizer(tiny_model_dir)
+    text = "Café crème: 3 € each, ça va?"
+    ids = encode_prompt(tokenizer, text)
+    first = IncrementalDetokenizer(tokenizer)
+    had = [first.add([i]) for i in ids]  # one token per chunk, as a broken stream sent them
+    assert "".join(had) + first.add([], final=True) == text
+    assert any(delta == "" for delta in had), "the text should split a character somewhere"
+    for k in range(1, len(ids)):
+        sent = "".join(had[:k])
+        rest = IncrementalDetokenizer(tokenizer, ids[:k], len(sent))
+        tail = "".join(rest.add([i]) for i in ids[k:]) + rest.add([], final=True)
+        assert sent + tail == text, k

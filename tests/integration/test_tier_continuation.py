@@ -1,0 +1,94 @@
+"""A tier continues an answer another replica began (`continue_token_ids`): it streams only what
+comes after the given tokens, and with greedy sampling the continued answer equals the unbroken
+one token for token and character for character. Bad continuations are refused alone with
+INVALID_ARGUMENT. Real tier servers (the tiny GPT-2 with continuous batching, and the echo
+engine), called directly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from tiermesh.v1 import tier_pb2, tier_pb2_grpc
+
+from services.common.config import TierConfig, build_config
+from services.tier.server import TierServer, start_tier
+
+PROMPT = "What is your return policy?"
+MAX_TOKENS = 20
+
+
+@pytest.fixture(params=["torch", "echo"])
+async def tier(request: pytest.FixtureRequest, tiny_model_dir: Path) -> AsyncIterator[TierServer]:
+    fields = {"name": "small", "model_path": str(tiny_model_dir), "engine": request.param}
+    server = await start_tier(build_config(TierConfig, fields))
+    yield server
+    await server.stop(0)
+
+
+async def generate(
+    tier: TierServer,
+    continued: list[int] | None = None,
+    chars: int | None = None,
+    request_id: str = "r",
+) -> list[tier_pb2.GenerateChunk]:
+    request = tier_pb2.GenerateRequest(
+        request_id=request_id,
+        prompt=PROMPT,
+        max_tokens=MAX_TOKENS,
+        tokens_per_chunk=1,  # one token per chunk: the text a client had after k tokens is exact
+        continue_token_ids=continued or [],
+        continue_text_chars=chars,
+    )
+    async with grpc.aio.insecure_channel(tier.address) as channel:
+        return [c async for c in tier_pb2_grpc.TierServiceStub(channel).Generate(request)]
+
+
+async def test_a_continued_greedy_answer_equals_the_unbroken_one(tier: TierServer) -> None:
+    whole = await generate(tier)
+    ids = [t for chunk in whole for t in chunk.token_ids]
+    text = "".join(chunk.text for chunk in whole)
+    assert len(ids) >= 4, ids
+    for k in (1, len(ids) // 2, len(ids) - 1):
+        had = "".join(chunk.text for chunk in whole[:k])  # what the client had after k tokens
+        rest = await generate(tier, ids[:k], len(had), request_id=f"r{k}")
+        assert [t for chunk in rest for t in chunk.token_ids] == ids[k:], k
+        assert had + "".join(chunk.text for chunk in rest) == text, k
+        assert rest[-1].finish_reason == whole[-1].finish_reason
+        assert rest[-1].usage.completion_tokens == len(ids) - k
+        assert rest[-1].usage.prompt_tokens == whole[-1].usage.prompt_tokens + k
+
+
+async def test_bad_continuations_are_refused_alone(tier: TierServer) -> None:
+    whole = await generate(tier)
+    ids = [t for chunk in whole for t in chunk.token_ids]
+    bad = {
+        "leaves nothing to generate": ([ids[0]] * MAX_TOKENS, None),
+        "not in the vocabulary": ([ids[0], 10**9], None),
+        "more characters than the tokens make": (ids[:2], 10_000),
+    }
+    healthy = asyncio.ensure_future(generate(tier, request_id="healthy"))
+    for why, (continued, chars) in bad.items():
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await generate(tier, continued, chars, request_id=why)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, why
+        assert "continue_t" in (refused.value.details() or ""), why  # the field it names
+    answer = await healthy  # a request running beside the refused ones is untouched
+    assert [t for chunk in answer for t in chunk.token_ids] == ids
+
+
+async def test_an_end_of_sequence_token_cannot_be_continued(tiny_model_dir: Path) -> None:
+    fields = {"name": "small", "model_path": str(tiny_model_dir)}
+    server = await start_tier(build_config(TierConfig, fields))
+    try:
+        eos = json.loads((tiny_model_dir / "config.json").read_text())["eos_token_id"]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await generate(server, [eos])
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "end-of-sequence" in (refused.value.details() or "")
+    finally:
+        await server.stop(0)
