@@ -253,8 +253,30 @@ def burst_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
         if r.status == "RESOURCE_EXHAUSTED" and r.finished_at_s is not None
     ]
     p50, p99 = percentile(refusals, 0.50), percentile(refusals, 0.99)
+    by_source: dict[str, list[float]] = {}
+    for r in records:
+        if r.status == "RESOURCE_EXHAUSTED" and r.finished_at_s is not None:
+            ms = (r.finished_at_s - r.sent_at_s) * 1000
+            by_source.setdefault(refusal_source(r.error), []).append(ms)
     return {
         "requests": {"sent": len(records), "statuses": dict(statuses)},
         "refusal_ms_p50": None if p50 is None else round(p50, 1),
         "refusal_ms_p99": None if p99 is None else round(p99, 1),
+        "refusals_by_source": {
+            source: {
+                "count": len(times),
+                "ms_p50": round(percentile(times, 0.50) or 0.0, 1),
+                "ms_p99": round(percentile(times, 0.99) or 0.0, 1),
+            }
+            for source, times in sorted(by_source.items())
+        },
     }
+
+
+def refusal_source(message: str) -> str:
+    """Who refused, from a RESOURCE_EXHAUSTED's message: "router" (every tier full, or at
+    capacity), "<tier> at admission", or "<tier> after queueing" (its wait ran out)."""
+    if not message.startswith("tier "):
+        return "router"
+    tier, _, rest = message.removeprefix("tier ").partition(": ")
+    return f"{tier} after queueing" if "no running slot within" in rest else f"{tier} at admission"

@@ -17,6 +17,7 @@ from services.chaos.faults import (
     parse_faults,
     plan_faults,
 )
+from services.chaos.injector import refusal_source
 from services.chaos.loop_lag import LoopLag
 from services.chaos.recording import StreamTrace
 
@@ -101,3 +102,12 @@ async def test_the_client_loop_lag_is_sampled_and_summed_up_over_a_window() -> N
     lag.samples = [(0.0, 0.001), (1.0, 0.004), (2.0, 0.1), (3.0, 0.002)]
     assert lag.summary_ms(0.5, 2.5) == {"p50": 4.0, "p99": 100.0, "max": 100.0}  # nearest rank
     assert lag.summary_ms(5.0)["p99"] is None
+
+
+def test_a_refusal_is_put_down_to_who_refused_it() -> None:
+    assert refusal_source("every tier full: small full (16 running, 64 queued)") == "router"
+    assert refusal_source("router at capacity: 256 chats in flight (limit 256)") == "router"
+    admission = "tier large: tier at capacity: queue full (16 running, 64 queued, ...)"
+    assert refusal_source(admission) == "large at admission"
+    late = "tier medium: tier at capacity: no running slot within 10.00 s (16 running, ...)"
+    assert refusal_source(late) == "medium after queueing"
