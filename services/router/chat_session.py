@@ -14,14 +14,16 @@ cancelled.
 Failover: a failed call moves on to another replica of its tier while one is left untried,
 then along the plan's `fallbacks` (each tier at most once). One that fails before its first
 chunk is retried there unseen, in the same revision (on another tier only once, and only for
-ROUTED chats and refinements); one that fails after streaming goes on there as a new revision
+ROUTED chats and refinements). One that fails after streaming is continued by another replica of
+its tier in the same revision (the replica prefills the prompt and the tokens already sent and
+decodes on: the client sees one unbroken text); on another tier it goes on as a new revision
 that replaces the broken one, its kept prefix computed against the text the client already has.
 A call a tier refused for overload moves on only to a replica or tier whose last load report
 says it would start it at once; else the refusal, with its retry delay, is relayed at once.
 Final.reason says what happened. A call with no chunk for the stall timeout has failed.
 
-Knows the tier calls and the wire events; knows nothing of telemetry or learning, which watch the
-events it yields (chat_events.py).
+Knows the tier calls and the wire events (revision_relay.py relays a call as a revision); knows
+nothing of telemetry or learning, which watch the events it yields (chat_events.py).
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ from tiermesh.v1 import router_pb2, tier_pb2
 from services.router.chat_events import (
     RefinementSettled,
     SessionEvent,
-    TierCallEnded,
     TierCallOpening,
 )
 from services.router.chat_outcomes import (
@@ -46,13 +47,12 @@ from services.router.chat_outcomes import (
     RevisionOutcome,
     UpstreamFailed,
     describe,
-    ended_event,
     final_event,
     refine_failure,
 )
 from services.router.chat_plan import ChatPlan, SessionClock, tier_request_id
 from services.router.first_chunk import Chunks, first_chunk_race, prepend
-from services.router.revisions import KeptPrefix, delta, revision_end, revision_start
+from services.router.revision_relay import RevisionRelay
 from services.router.tier_calls import TierCall, TierClient
 
 FINAL_MARGIN_S = 0.05  # time kept back from the client's deadline to send Final after a refine
@@ -87,7 +87,7 @@ class ChatSession:
         self._deadline = None if time_remaining_s is None else clock.start + time_remaining_s
         self._clock = clock
         self._calls: list[TierCall] = []
-        self._reported: set[str] = set()  # request ids of the calls reported ended
+        self._relay = RevisionRelay(clock)
         self._racing: list[asyncio.Future[Any]] = []  # first-chunk reads still in flight
         self._routed = False  # RouteDecision yielded
 
@@ -127,16 +127,24 @@ class ChatSession:
     def _opening(self, tier: str) -> TierCallOpening:
         return TierCallOpening(tier, tier_request_id(self._plan.request_id, tier))
 
-    def _open(self, opening: TierCallOpening, timeout_s: float | None) -> TierCall:
-        """Starts the call announced by `opening`, with the metadata observers gave it."""
+    def _open(
+        self, opening: TierCallOpening, timeout_s: float | None, broken: TierCall | None = None
+    ) -> TierCall:
+        """Starts the call announced by `opening`, with the metadata observers gave it; with
+        `broken` (a call of the same tier), one that continues its answer."""
         request = tier_pb2.GenerateRequest()
         request.CopyFrom(self._plan.generate)
         request.request_id = opening.request_id
+        if broken is not None:
+            request.continue_token_ids.extend(broken.token_ids)
+            request.continue_text_chars = len(broken.text)
         tier = opening.tier
         endpoint = self._tiers.pick(tier, self._tried()) or self._tiers.endpoints(tier)[0]
         call = TierCall(
             self._tiers, tier, endpoint, request, timeout_s, opening.metadata, self._stall_s
         )
+        if broken is not None:
+            call.continue_from(broken)
         self._calls.append(call)
         return call
 
@@ -148,13 +156,6 @@ class ChatSession:
         if len(self._tiers.endpoints(call.tier)) > 1:
             return f"{call.tier} ({call.endpoint})"
         return call.tier
-
-    def _ended(self, call: TierCall) -> list[TierCallEnded]:
-        """The call's TierCallEnded, once: by its failure, its finish, or else as cancelled."""
-        if call.request_id in self._reported:
-            return []
-        self._reported.add(call.request_id)
-        return [ended_event(call)]
 
     async def _single(self) -> AsyncIterator[SessionEvent]:
         plan = self._plan
@@ -176,7 +177,7 @@ class ChatSession:
                 yield opening
                 backup = self._open(opening, self._remaining_s())
                 winner, chunks = await first_chunk_race(call, chunks, first, backup, self._racing)
-                for ended in self._ended(backup if winner is call else call):
+                for ended in self._relay.ended(backup if winner is call else call):
                     yield ended
                 if winner is backup:
                     reason = (
@@ -209,16 +210,21 @@ class ChatSession:
         (see the module's docstring); another replica of the same tier comes first. `result`
         holds where it ended."""
         call = result.call
+        continuing = False  # `call` continues the revision a broken call of its tier began
         while True:
-            outcome = RevisionOutcome()
-            async for event in self._stream_revision(
-                call, result.revision, previous, outcome, chunks
+            outcome = RevisionOutcome(started=continuing)
+            if continuing:
+                call.revision = result.revision
+            async for event in self._relay.stream(
+                call, result.revision, None if continuing else previous, outcome, chunks, False
             ):
                 yield event
             chunks = None
             result.call, result.complete, result.error = call, outcome.complete, outcome.error
             error = outcome.error
             if error is None or error.code() not in FAILOVER_CODES:
+                for event in self._relay.broken_end(call, result.revision, outcome):
+                    yield event
                 return
             tried = self._tried()
             room = self._room if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else None
@@ -234,9 +240,23 @@ class ChatSession:
                     if tier not in called and (room is None or room(tier, tried))
                 ]
                 if not left:
+                    for event in self._relay.broken_end(call, result.revision, outcome):
+                        yield event
                     return
                 after = where = left[0]
             who = f"{self._who(call)} failed"
+            continuing = outcome.started and after == call.tier
+            if continuing:
+                result.notes.append(
+                    f"{who} after {len(call.text)} characters ({describe(error)}); "
+                    f"{where} continued revision {result.revision}"
+                )
+                opening = self._opening(after)
+                yield opening
+                call = self._open(opening, timeout_s(), broken=call)
+                continue
+            for event in self._relay.broken_end(call, result.revision, outcome):
+                yield event
             if outcome.started:
                 result.notes.append(
                     f"{who} after {len(call.text)} characters ({describe(error)}); "
@@ -281,7 +301,7 @@ class ChatSession:
 
         first = RevisionOutcome()
         after_first = start_refine if plan.gate != "cascade" else None
-        async for event in self._stream_revision(draft, 0, None, first, after_first=after_first):
+        async for event in self._relay.stream(draft, 0, None, first, after_first=after_first):
             yield event
         refine = refines[0] if refines else None
         if first.complete and plan.gate != "always" and draft.confidence >= plan.min_confidence:
@@ -359,72 +379,6 @@ class ChatSession:
             return budget
         return max(0.001, min(budget, remaining - FINAL_MARGIN_S))
 
-    async def _stream_revision(
-        self,
-        call: TierCall,
-        revision: int,
-        previous: str | None,
-        outcome: RevisionOutcome,
-        chunks: Chunks | None = None,
-        after_first: Callable[[], Iterator[SessionEvent]] | None = None,
-    ) -> AsyncIterator[SessionEvent]:
-        """Relays one tier call as a revision. Nothing is sent if the call fails before its first
-        chunk; a replacing revision holds its text until its kept prefix is known. The events of
-        `after_first` come right after the revision's first delta is out (never if it has
-        none)."""
-        kept = KeptPrefix(previous) if previous is not None else None
-        held: list[tier_pb2.GenerateChunk] = []
-        replaces = revision - 1 if previous is not None else None
-        try:
-            async for chunk in chunks if chunks is not None else call.chunks():
-                if outcome.started:
-                    yield delta(revision, chunk.text, [chunk])
-                    continue
-                held.append(chunk)
-                keep = 0
-                if kept is not None:
-                    decided = kept.feed(chunk.text)
-                    if decided is None and not chunk.finish_reason:
-                        continue
-                    keep = kept.at_end() if decided is None else decided
-                yield self._begin(call, revision, replaces, keep, outcome)
-                yield delta(revision, "".join(c.text for c in held), held)
-                if after_first is not None:
-                    for event in after_first():
-                        yield event
-            if not outcome.started:
-                keep = kept.at_end() if kept is not None else 0
-                yield self._begin(call, revision, replaces, keep, outcome)
-            outcome.complete = True
-            for ended in self._ended(call):
-                yield ended
-            yield revision_end(revision, call.finish_reason or "stop", call.usage)
-        except grpc.aio.AioRpcError as e:
-            outcome.error = e
-            for ended in self._ended(call):
-                yield ended
-            if outcome.started:
-                timed_out = e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-                finish = "timeout" if timed_out else "error"
-                yield revision_end(revision, finish, call.usage, describe(e))
-
-    def _begin(
-        self,
-        call: TierCall,
-        revision: int,
-        replaces: int | None,
-        keep: int,
-        outcome: RevisionOutcome,
-    ) -> router_pb2.ChatEvent:
-        outcome.started = True
-        call.revision = revision
-        now = self._clock.ms()
-        if not self._clock.ttft_ms:
-            self._clock.ttft_ms = now
-        if revision == 0:
-            self._clock.first_draft_ms = now
-        return revision_start(revision, call.tier, replaces, keep)
-
     def _final(
         self, call: TierCall, revision: int, reason: str, refinement: str | None = None
     ) -> list[SessionEvent]:
@@ -433,7 +387,7 @@ class ChatSession:
         events: list[SessionEvent] = []
         for other in self._calls:
             other.cancel()
-            events += self._ended(other)
+            events += self._relay.ended(other)
         if refinement is not None:
             events.append(RefinementSettled(refinement))
         events.append(final_event(self._calls, call, revision, reason, self._clock))

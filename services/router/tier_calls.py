@@ -220,13 +220,33 @@ class TierCall:
         self.chunk_count = 0
         self.call = client.generate(tier, endpoint, request, timeout_s, metadata)
         self.text = ""
+        self.token_ids: list[int] = []
         self.logprobs: list[float] = []
+        self.carried_tokens = 0  # tokens of a broken call this one continues (continue_from)
         self.usage: common_pb2.Usage | None = None
         self.finish_reason = ""
         self.model = ""  # the answering model, "<tier>/<model>", from the tier's last chunk
         self.error: grpc.aio.AioRpcError | None = None  # the tier's failure, once read
         self.revision: int | None = None  # the revision it produced, once shown
         self.cancelled = False
+
+    def continue_from(self, broken: TierCall) -> None:
+        """This call continues `broken`'s answer (its request carries broken's tokens): its
+        text, tokens and usage then cover the whole answer, as if it had not broken."""
+        self.text, self.token_ids = broken.text, list(broken.token_ids)
+        self.logprobs = list(broken.logprobs)
+        self.carried_tokens = len(broken.token_ids)
+
+    def _answer_usage(self, usage: common_pb2.Usage) -> common_pb2.Usage:
+        """The tier's usage, with a continued answer's carried tokens counted as completion
+        tokens (the tier counts them as prompt)."""
+        if not self.carried_tokens:
+            return usage
+        whole = common_pb2.Usage()
+        whole.CopyFrom(usage)
+        whole.prompt_tokens = max(0, usage.prompt_tokens - self.carried_tokens)
+        whole.completion_tokens = usage.completion_tokens + self.carried_tokens
+        return whole
 
     async def chunks(self) -> AsyncIterator[tier_pb2.GenerateChunk]:
         """The tier's chunks; raises grpc.aio.AioRpcError with the tier's status on failure."""
@@ -240,10 +260,11 @@ class TierCall:
                     watch.waiting_since = None
                 self.chunk_count += 1
                 self.text += chunk.text
+                self.token_ids.extend(chunk.token_ids)
                 self.logprobs.extend(chunk.logprobs)
                 if chunk.finish_reason:
                     self.finish_reason = chunk.finish_reason
-                    self.usage = chunk.usage
+                    self.usage = self._answer_usage(chunk.usage)
                     self.model = chunk.model
                 yield chunk
                 if watch is not None:

@@ -1,7 +1,9 @@
 """A FAKE of the router's TierClient (services/router/tier_calls.py) for unit tests of the chat
 session: each tier answers with a scripted stream of GenerateChunks, with delays, or fails with a
 gRPC status; every call records its metadata, and whether it was cancelled, ran past its
-deadline or completed. Time is the event loop's; no processes, no sockets, no model.
+deadline or completed. Time is the event loop's; no processes, no sockets, no model. A call
+that continues an answer (continue_token_ids) skips the script's first chunks, one per token
+given, as a tier continuing after those tokens would.
 
 Like a real call, a fake call runs from the moment it is made: a script's delays count from the
 call's start, so a stream read late yields what is already due at once.
@@ -72,6 +74,25 @@ def silent_after(pieces: Sequence[str], silent_s: float) -> list[Step]:
     return broken(pieces, grpc.StatusCode.UNAVAILABLE, "never seen", then_after_s=silent_s)
 
 
+def _continued(steps: list[Step], tokens: int) -> list[Step]:
+    """The script after its first `tokens` chunks (a token each), with usage counted as a tier
+    continuing after them counts it (the given tokens are prompt)."""
+    if not tokens:
+        return steps
+    skipped = [i for i, step in enumerate(steps) if step.chunk is not None][:tokens]
+    rest = steps[skipped[-1] + 1 :] if skipped else steps
+    out = []
+    for step in rest:
+        if step.chunk is not None and step.chunk.HasField("usage"):
+            chunk = tier_pb2.GenerateChunk()
+            chunk.CopyFrom(step.chunk)
+            chunk.usage.prompt_tokens += tokens
+            chunk.usage.completion_tokens -= tokens
+            step = Step(step.after_s, chunk=chunk)
+        out.append(step)
+    return out
+
+
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
@@ -92,7 +113,7 @@ class FakeGenerateStream:
         self.request = request
         self.metadata = list(metadata)
         self.timeout_s = timeout_s
-        self._steps = list(steps)
+        self._steps = _continued(list(steps), len(request.continue_token_ids))
         self._loop = asyncio.get_running_loop()
         self._start = self._loop.time()
         self._deadline = None if timeout_s is None else self._start + timeout_s

@@ -282,13 +282,43 @@ async def test_replica_dying_mid_answer_is_continued_by_another_replica() -> Non
     scripts = {"small-a": broken(ANSWER[:2], UNAVAILABLE, "killed"), "small": answer(ANSWER)}
     channels = FakeTierChannels(scripts, SMALL_REPLICAS)
     events = await run(plan(ROUTED, ("small",), ("medium",)), channels)
-    # the same model's answer again: the new revision keeps every character the client has
-    assert starts(events) == [(0, "small", None, 0), (1, "small", 0, len("The price is"))]
+    # one revision, one unbroken text: the other replica went on after the tokens sent
+    assert kinds(events).count("revision_start") == 1 and kinds(events).count("revision_end") == 1
+    assert starts(events) == [(0, "small", None, 0)]
     answer_ = check_answer_is_its_revisions_deltas(events)
-    assert (answer_.revision, answer_.tier) == (1, "small")
+    assert (answer_.revision, answer_.tier, answer_.text) == (0, "small", "The price is $5")
     assert "small (small-a) failed after 12 characters" in answer_.reason
-    assert "another small replica went on as revision 1" in answer_.reason
+    assert "another small replica continued revision 0" in answer_.reason
+    continued = channels.calls["small"][1].request
+    assert list(continued.continue_token_ids) == [100, 101]
+    assert continued.continue_text_chars == len("The price is")
+    (end,) = [e.revision_end for e in wire(events) if e.HasField("revision_end")]
+    assert end.finish_reason == "stop" and end.usage.completion_tokens == len(ANSWER)
     assert "medium" not in channels.calls
+
+
+async def test_a_continuation_that_fails_too_goes_on_on_the_next_tier() -> None:
+    scripts = {
+        "small-a": broken(ANSWER[:2], UNAVAILABLE, "killed"),
+        "small-b": failure(UNAVAILABLE, "down too"),
+        "medium": answer(ANSWER),
+    }
+    channels = FakeTierChannels(scripts, SMALL_REPLICAS)
+    events = await run(plan(ROUTED, ("small",), ("medium",)), channels)
+    # revision 0 (small-a's 12 characters) ends broken; medium replaces it, keeping them all
+    assert starts(events) == [(0, "small", None, 0), (1, "medium", 0, len("The price is"))]
+    answer_ = check_answer_is_its_revisions_deltas(events)
+    assert (answer_.revision, answer_.tier) == (1, "medium")
+    assert answer_.reason.startswith(
+        "small (small-a) failed after 12 characters (UNAVAILABLE: killed); "
+        "another small replica continued revision 0; "
+        "small (small-b) failed after 12 characters (UNAVAILABLE: down too); "
+        "medium went on as revision 1"
+    ), answer_.reason
+    assert [e.revision_end.finish_reason for e in wire(events) if e.HasField("revision_end")] == [
+        "error",
+        "stop",
+    ]
 
 
 async def test_with_every_replica_failed_the_next_tier_answers() -> None:
