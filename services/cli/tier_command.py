@@ -81,6 +81,7 @@ def swap_replica(
     api_key: str | None,
     timeout_s: float,
     quiet: bool,
+    drain_timeout_s: float = 0.0,
 ) -> dict[str, Any]:
     """Swaps one replica's model; its row, with "error" set when the swap failed."""
     metadata = [("authorization", f"Bearer {api_key}")] if api_key else None
@@ -92,7 +93,7 @@ def swap_replica(
     last: tier_pb2.ModelSwap | None = None
     with channel:
         stub = tier_pb2_grpc.TierAdminServiceStub(channel)
-        request = tier_pb2.SwapModelRequest(model_path=model_path)
+        request = tier_pb2.SwapModelRequest(model_path=model_path, drain_timeout_s=drain_timeout_s)
         try:
             for response in stub.SwapModel(request, timeout=timeout_s, metadata=metadata):
                 last = response.swap
@@ -130,7 +131,14 @@ def run_swap(args: argparse.Namespace) -> int:
     rows = []
     for address in replicas:
         row = swap_replica(
-            args.tier, address, model_path, credentials, api_key, args.timeout, args.json
+            args.tier,
+            address,
+            model_path,
+            credentials,
+            api_key,
+            args.timeout,
+            args.json,
+            args.drain_timeout,
         )
         rows.append(row)
         if row["error"]:
@@ -166,6 +174,14 @@ def register(commands: Any) -> None:
         type=Path,
         default=ROUTER_CONFIG,
         help="the router's config file: where TIER's replicas are when no --address is given",
+    )
+    swap.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="seconds the old model's streams may take to finish (default: the tier's "
+        "drain_grace_s); those still running then end UNAVAILABLE",
     )
     swap.add_argument("--json", action="store_true", help="one JSON object at the end")
     swap.add_argument(

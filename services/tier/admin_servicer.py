@@ -49,7 +49,8 @@ class TierAdminServicer(tier_pb2_grpc.TierAdminServiceServicer):
         self, request: tier_pb2.SwapModelRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[tier_pb2.SwapModelResponse]:
         try:
-            async for record in self._engines.begin_swap(request.model_path):
+            swap = self._engines.begin_swap(request.model_path, request.drain_timeout_s)
+            async for record in swap:
                 yield tier_pb2.SwapModelResponse(swap=swap_to_proto(record))
         except TiermeshError as e:
             await abort_error(context, e)

@@ -144,7 +144,8 @@ class EngineLifecycle(ABC):
         slot in the bounded queue (raises Overloaded past it, or at once when the queue's
         expected wait exceeds the request's deadline or the longest wait), check health again,
         then relay the decoder's chunks, noting the first token's time and putting usage on the
-        last chunk. Closing the stream early closes the decoder's, which stops its work."""
+        last chunk. Closing the stream early closes the decoder's, which stops its work. A stream
+        that the engine's shutdown ended before its last chunk raises Unavailable."""
         received = time.perf_counter()
         prepared = self.prepare(request)
         deadline_s = request.deadline_s
@@ -153,6 +154,7 @@ class EngineLifecycle(ABC):
         async with self._admission.slot(deadline_s):
             self.check_health()
             meter = UsageMeter(len(prepared.prompt_ids), received)
+            finished = False
             stream = self._decode(prepared)
             async with contextlib.aclosing(stream):
                 async for decoded in stream:
@@ -164,7 +166,13 @@ class EngineLifecycle(ABC):
                     if chunk.finish_reason is not None:
                         self._completed += 1
                         chunk = replace(chunk, model=self._model_name)
+                        finished = True
                     yield chunk
+            if not finished and self._closing:  # stopped under it: never end as if complete
+                raise Unavailable(
+                    f"tier {self._config.name}: the model {self._model_name} stopped before "
+                    "the answer was complete"
+                )
 
     def load(self) -> EngineLoad:
         """The current load snapshot. Cheap; safe to call often."""

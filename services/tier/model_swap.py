@@ -30,6 +30,7 @@ from services.tier.factory import create_engine
 
 log = logging.getLogger(__name__)
 MAX_PATH_CHARS = 4096
+MAX_DRAIN_TIMEOUT_S = 3600.0
 SWAPPABLE_ENGINES = ("torch",)
 
 
@@ -158,11 +159,14 @@ class EngineSwitch:
         for serving in (*self._retiring, self._current):
             await serving.engine.shutdown()
 
-    def begin_swap(self, model_path: str) -> AsyncIterator[SwapRecord]:
+    def begin_swap(
+        self, model_path: str, drain_timeout_s: float = 0.0
+    ) -> AsyncIterator[SwapRecord]:
         """Checks the request, starts the swap as its own task and returns its records, one per
-        phase ("loading", "switched", "done"); the iterator raises what failed the swap. Raises
-        InvalidArgument (bad path, naming it), SwapRefused (an engine that cannot swap) or
-        SwapInProgress at once."""
+        phase ("loading", "switched", "done"); the iterator raises what failed the swap. The old
+        model's streams get `drain_timeout_s` to finish (0 = the tier's drain_grace_s). Raises
+        InvalidArgument (bad path, naming it; a drain timeout out of range), SwapRefused (an
+        engine that cannot swap) or SwapInProgress at once."""
         if self._task is not None and not self._task.done():
             running = self.last_swap.model_path if self.last_swap else "?"
             raise SwapInProgress(
@@ -173,11 +177,16 @@ class EngineSwitch:
                 f"tier {self._config.name}: the {self._config.engine} engine cannot swap models "
                 f"(only {', '.join(SWAPPABLE_ENGINES)}); restart the tier with the new model"
             )
+        if not 0 <= drain_timeout_s <= MAX_DRAIN_TIMEOUT_S:  # NaN fails too
+            raise InvalidArgument(
+                f"drain_timeout_s: must be in [0, {MAX_DRAIN_TIMEOUT_S:g}], got {drain_timeout_s}"
+            )
         path = _checked_folder(model_path)
         old_id = model_id(self._config.name, self.current.load().model)
         self.last_swap = SwapRecord("loading", str(path), old_id, started_unix_s=time.time())
         records: asyncio.Queue[SwapRecord | BaseException | None] = asyncio.Queue(maxsize=8)
-        self._task = asyncio.get_running_loop().create_task(self._swap(path, records))
+        drain_s = drain_timeout_s or self._config.drain_grace_s
+        self._task = asyncio.get_running_loop().create_task(self._swap(path, drain_s, records))
         return _drain(records)
 
     def _note(
@@ -189,7 +198,7 @@ class EngineSwitch:
         return self.last_swap
 
     async def _swap(
-        self, path: Path, records: asyncio.Queue[SwapRecord | BaseException | None]
+        self, path: Path, drain_s: float, records: asyncio.Queue[SwapRecord | BaseException | None]
     ) -> None:
         """Load, switch, drain and free; each phase's record goes to `records` (then None, or
         the error that failed the swap)."""
@@ -220,7 +229,7 @@ class EngineSwitch:
                 record.switch_s * 1000,
                 record.streams_on_old,
             )
-            cut, freed = await self._retire()
+            cut, freed = await self._retire(drain_s)
             self._note(
                 records,
                 phase="done",
@@ -260,12 +269,13 @@ class EngineSwitch:
             raise SwapRefused(f"tier {self._config.name}: {why}") from e
         return engine
 
-    async def _retire(self) -> tuple[int, int]:
-        """Waits for the swapped-out engine's streams (at most drain_grace_s), stops it and
-        frees its memory. Returns the streams cut at the limit and the bytes freed."""
+    async def _retire(self, drain_s: float) -> tuple[int, int]:
+        """Waits for the swapped-out engine's streams (at most `drain_s`), stops it (streams
+        still running end with Unavailable) and frees its memory. Returns the streams cut at
+        the limit and the bytes freed."""
         old = self._retiring[0]
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._config.drain_grace_s):
+            async with asyncio.timeout(drain_s):
                 await old.idle.wait()
         cut = old.in_flight
         load = old.engine.load()

@@ -16,6 +16,7 @@ import asyncio
 import json
 import shutil
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -83,19 +84,28 @@ async def _reference(model: Path) -> list[list[int]]:
 
 class Hold:
     """Blocks the scheduler's thread once every old stream has chosen HOLD_AFTER_STEPS tokens,
-    until released: those streams stay in flight, mid-answer, on the old model."""
+    until released (or, given `engine`, until that engine begins to shut down): those streams
+    stay in flight, mid-answer, on the old model."""
 
-    def __init__(self, request_ids: list[str]) -> None:
+    def __init__(self, request_ids: list[str], engine: TorchEngine | None = None) -> None:
         self.steps = dict.fromkeys(request_ids, 0)
         self.held = threading.Event()
         self.release = threading.Event()
+        self._engine = weakref.ref(engine) if engine is not None else None  # no cycle to it
+
+    def _stopping(self) -> bool:
+        engine = self._engine() if self._engine is not None else None
+        return engine is not None and engine._closing
 
     def __call__(self, prepared: PreparedRequest) -> bool:
         if prepared.request_id in self.steps:
             self.steps[prepared.request_id] += 1
             if min(self.steps.values()) >= HOLD_AFTER_STEPS and not self.release.is_set():
                 self.held.set()
-                self.release.wait(timeout=60)
+                deadline = time.monotonic() + 60
+                while not self.release.wait(0.01) and time.monotonic() < deadline:
+                    if self._stopping():
+                        break
         return False
 
 
@@ -180,6 +190,42 @@ async def test_in_flight_streams_finish_on_the_old_model_new_ones_start_on_the_n
     assert old_model() is None, "the old model is still referenced after the swap"
 
 
+async def test_a_stream_past_the_drain_timeout_ends_unavailable(
+    tier: TierServer, new_model_dir: Path
+) -> None:
+    engine = tier.engine
+    assert isinstance(engine, TorchEngine) and engine._scheduler is not None
+    hold = Hold(["old-0"], engine)
+    engine._scheduler.poison_hook = hold
+    del engine
+    chunks: list[tier_pb2.GenerateChunk] = []
+    async with grpc.aio.insecure_channel(tier.address) as channel:
+        stub = tier_pb2_grpc.TierServiceStub(channel)
+        admin = tier_pb2_grpc.TierAdminServiceStub(channel)
+        request = tier_pb2.GenerateRequest(
+            request_id="old-0", prompt=PROMPTS[0], max_tokens=MAX_TOKENS
+        )
+
+        async def read() -> None:
+            async for chunk in stub.Generate(request):
+                chunks.append(chunk)
+
+        reader = asyncio.create_task(read())
+        try:
+            assert await asyncio.to_thread(hold.held.wait, 30), "the stream never got going"
+            swap = tier_pb2.SwapModelRequest(model_path=str(new_model_dir), drain_timeout_s=0.05)
+            records = [response.swap async for response in admin.SwapModel(swap)]
+        finally:
+            hold.release.set()
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await reader
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "stopped before the answer was complete" in (raised.value.details() or "")
+    assert not any(chunk.finish_reason for chunk in chunks)
+    assert [r.phase for r in records] == ["loading", "switched", "done"]
+    assert (records[-1].streams_on_old, records[-1].streams_cut) == (1, 1)
+
+
 async def test_bad_paths_are_refused_by_name_and_the_model_keeps_serving(
     tier: TierServer, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -202,6 +248,11 @@ async def test_bad_paths_are_refused_by_name_and_the_model_keeps_serving(
             assert raised.value.code() == code, raised.value.details()
             assert said in (raised.value.details() or "")
             assert path in (raised.value.details() or "")
+        too_long = tier_pb2.SwapModelRequest(model_path=str(broken), drain_timeout_s=-1)
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            [r async for r in admin.SwapModel(too_long)]
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "drain_timeout_s" in (raised.value.details() or "")
         status = await tier_pb2_grpc.TierServiceStub(channel).GetStatus(tier_pb2.GetStatusRequest())
     assert status.model_id == f"small/{tiny_model_dir.name}"
     assert (status.last_swap.phase, status.last_swap.model_path) == ("failed", str(broken))
