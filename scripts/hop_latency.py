@@ -10,10 +10,11 @@ object as the last line.
 `--compare-src DIR` also starts a router from the source tree in DIR (another checkout, e.g.
 `git archive <commit> services mesh | tar -x -C DIR`) on the first copy's tiers, and measures
 it in the same interleaved rounds: before/after numbers of a router change from one run.
-`--echo` runs echo tiers (no model, 10 ms TTFT) instead of the models.
+`--echo` runs echo tiers (no model, 10 ms TTFT) instead of the models; `--tier-src DIR` starts
+the tiers from another source tree (the routers still run from this one).
 
     .venv/bin/python scripts/hop_latency.py [--requests 200] [--model PATH] [--json]
-        [--compare-src DIR] [--echo]
+        [--compare-src DIR] [--echo] [--tier-src DIR]
 """
 
 from __future__ import annotations
@@ -69,7 +70,10 @@ def echo_config(tier: str, directory: Path) -> Path:
 
 
 def start_services(
-    models: dict[str, Path | None], env: dict[str, str], echo_dir: Path | None = None
+    models: dict[str, Path | None],
+    env: dict[str, str],
+    echo_dir: Path | None = None,
+    tier_src: Path = ROOT,
 ) -> tuple[list[subprocess.Popen[bytes]], dict[str, int]]:
     ports = {"small": free_port(), "large": free_port(), "router": free_port()}
     commands = []
@@ -82,8 +86,8 @@ def start_services(
         elif model:
             command += ["--model", str(model)]
         commands.append(command)
-    commands.append(router_command(ports["router"], ports))
-    procs = [start(c, env) for c in commands]
+    procs = [start(c, env, tier_src) for c in commands]
+    procs.append(start(router_command(ports["router"], ports), env))
     return procs, ports
 
 
@@ -113,6 +117,9 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--compare-src", type=Path, help="also a router from this source tree")
     parser.add_argument("--echo", action="store_true", help="echo tiers instead of the models")
+    parser.add_argument(
+        "--tier-src", type=Path, default=ROOT, help="start the tiers from this source tree"
+    )
     args = parser.parse_args()
     console = Console(stderr=args.json)
     models = {"small": args.model, "large": args.refine_model}
@@ -120,8 +127,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         traced = {**plain, "TIERMESH_TRACE_FILE": str(Path(tmp) / "spans.jsonl")}
         echo_dir = Path(tmp) if args.echo else None
-        procs_a, ports_a = start_services(models, plain, echo_dir)
-        procs_b, ports_b = start_services(models, traced, echo_dir)
+        tier_src = args.tier_src.resolve()
+        procs_a, ports_a = start_services(models, plain, echo_dir, tier_src)
+        procs_b, ports_b = start_services(models, traced, echo_dir, tier_src)
         procs = procs_a + procs_b
         if args.compare_src is not None:
             ports_a["compare"] = free_port()
@@ -179,9 +187,15 @@ def measure(
             for name, start in kinds.items():
                 t0 = time.perf_counter()
                 first = None
-                for message_ in start(i):
-                    if first is None and _has_token(message_):
-                        first = (time.perf_counter() - t0) * 1000
+                try:
+                    for message_ in start(i):
+                        if first is None and _has_token(message_):
+                            first = (time.perf_counter() - t0) * 1000
+                except grpc.RpcError:
+                    if i >= 0:
+                        raise
+                    # warm-up: a router may still be reconnecting to a tier that came up late
+                    time.sleep(0.5)
                 if i >= 0 and first is not None:
                     results[name].append(first)
             status.update(f"measuring… {max(i, 0)}/{n}")

@@ -6,7 +6,8 @@ console span exporter when OTEL_TRACES_EXPORTER=console; a JSON-lines span file 
 TIERMESH_TRACE_FILE is set (what `tiermesh trace` reads); a Prometheus scrape endpoint when the
 service's config gives a metrics port. With none of these, no provider is installed and the
 OpenTelemetry API stays a no-op. Services call `setup_telemetry` once and never configure
-OpenTelemetry themselves.
+OpenTelemetry themselves. `tracing_on` and `metrics_on` say whether a provider is installed, so a
+hot path can skip building spans, attributes and metric labels that would go nowhere.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any
 
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
+from opentelemetry.metrics import NoOpMeterProvider
+from opentelemetry.metrics._internal import _ProxyMeterProvider
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
@@ -42,9 +45,11 @@ __all__ = [
     "end_span",
     "inject_metadata",
     "meter",
+    "metrics_on",
     "rpc_attributes",
     "setup_telemetry",
     "tracer",
+    "tracing_on",
 ]
 
 log = logging.getLogger(__name__)
@@ -56,6 +61,21 @@ def tracer() -> trace.Tracer:
 
 def meter() -> metrics.Meter:
     return metrics.get_meter(INSTRUMENTATION)
+
+
+_NO_TRACER_PROVIDERS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+_NO_METER_PROVIDERS = (_ProxyMeterProvider, NoOpMeterProvider)
+
+
+def tracing_on() -> bool:
+    """Whether this process has a tracer provider installed: without one every span is a
+    no-op, and what a caller would build for it (names, attributes, links) is wasted."""
+    return not isinstance(trace.get_tracer_provider(), _NO_TRACER_PROVIDERS)
+
+
+def metrics_on() -> bool:
+    """Whether this process has a meter provider installed (else every record is a no-op)."""
+    return not isinstance(metrics.get_meter_provider(), _NO_METER_PROVIDERS)
 
 
 def extract_context(metadata: Sequence[tuple[str, Any]] | None) -> Context:

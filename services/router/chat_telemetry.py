@@ -5,11 +5,15 @@ gen_ai.client.operation.duration) and the progressive-streaming metrics (time to
 time to final, revisions, refinements).
 
 ChatTelemetry observes a chat session's events (chat_events.py) as the servicer relays them; the
-session never calls it. Knows OpenTelemetry and the protobuf messages; makes no calls itself.
+session never calls it. With tracing off (no tracer provider) it builds no span, attribute or
+trace context; with metrics off it records nothing; with both off `chat_telemetry` gives
+NO_TELEMETRY, which does no work at all. Knows OpenTelemetry and the protobuf messages; makes no
+calls itself.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from functools import cache
@@ -30,12 +34,15 @@ from services.common.genai_conventions import (
     span_name,
 )
 from services.common.telemetry import (
+    TRUST_TRACE_CONTEXT_ENV,
     edge_context,
     end_span,
     inject_metadata,
     meter,
+    metrics_on,
     rpc_attributes,
     tracer,
+    tracing_on,
 )
 from services.router.chat_events import (
     RefinementSettled,
@@ -82,22 +89,36 @@ def router_metrics() -> RouterMetrics:
 
 
 class TierCallSpan:
-    """The client span of one tier call, `chat <tier>`; ended exactly once with the call's
-    status, recording the call's duration and tokens."""
+    """The client span of one tier call, `chat <tier>`, when `traced` (else `parent`, if any,
+    travels on as it is); ended exactly once with the call's status, recording the call's
+    duration and tokens when `metered`."""
 
-    def __init__(self, parent: Context, tier: str, request_id: str) -> None:
-        self.span = tracer().start_span(
-            span_name(tier),
-            context=parent,
-            kind=SpanKind.CLIENT,
-            attributes={
-                **rpc_attributes("tiermesh.v1.TierService/Generate"),
-                **genai_attributes(tier),
-                "tiermesh.tier": tier,
-                "tiermesh.request_id": request_id,
-            },
-        )
-        self.metadata = inject_metadata(trace.set_span_in_context(self.span))
+    def __init__(
+        self,
+        parent: Context | None,
+        tier: str,
+        request_id: str,
+        traced: bool = True,
+        metered: bool = True,
+    ) -> None:
+        self.span: trace.Span | None = None
+        self.metadata: list[tuple[str, str]] = []
+        if not traced:
+            self.metadata = inject_metadata(parent) if parent is not None else []
+        else:
+            self.span = tracer().start_span(
+                span_name(tier),
+                context=parent,
+                kind=SpanKind.CLIENT,
+                attributes={
+                    **rpc_attributes("tiermesh.v1.TierService/Generate"),
+                    **genai_attributes(tier),
+                    "tiermesh.tier": tier,
+                    "tiermesh.request_id": request_id,
+                },
+            )
+            self.metadata = inject_metadata(trace.set_span_in_context(self.span))
+        self._metered = metered
         self._tier = tier
         self._started = time.perf_counter()
         self._ended = False
@@ -109,10 +130,22 @@ class TierCallSpan:
         self._ended = True
         if ended is None:
             ended = TierCallEnded(self._tier, "", "CANCELLED", "cancelled by the router")
+        if self._metered:
+            self._record(ended)
+        span = self.span
+        if span is None:
+            return
         if ended.endpoint:
-            self.span.set_attributes(server_address(ended.endpoint))
+            span.set_attributes(server_address(ended.endpoint))
         if ended.model:
-            self.span.set_attribute("gen_ai.response.model", ended.model)
+            span.set_attribute("gen_ai.response.model", ended.model)
+        if ended.usage is not None:
+            span.set_attribute("gen_ai.usage.input_tokens", ended.usage.prompt_tokens)
+            span.set_attribute("gen_ai.usage.output_tokens", ended.usage.completion_tokens)
+        end_span(span, ended.code, ended.message)
+
+    def _record(self, ended: TierCallEnded) -> None:
+        """The call's duration and, when it finished, its tokens."""
         metrics = router_metrics()
         attributes = {**genai_attributes(self._tier, ended.model), "tiermesh.tier": self._tier}
         error = error_type(ended.code)
@@ -122,14 +155,11 @@ class TierCallSpan:
         )
         if ended.usage is not None:
             usage = ended.usage
-            self.span.set_attribute("gen_ai.usage.input_tokens", usage.prompt_tokens)
-            self.span.set_attribute("gen_ai.usage.output_tokens", usage.completion_tokens)
             for kind, count in (
                 ("input", usage.prompt_tokens),
                 ("output", usage.completion_tokens),
             ):
                 metrics.token_usage.record(count, {**attributes, "gen_ai.token.type": kind})
-        end_span(self.span, ended.code, ended.message)
 
 
 def server_address(endpoint: str) -> dict[str, str | int]:
@@ -145,21 +175,35 @@ def server_address(endpoint: str) -> dict[str, str | int]:
 
 class ChatTelemetry:
     """The spans and metrics of one chat: the servicer calls route() once planned and finish()
-    at the end, and hands it every session event in between (observe)."""
+    at the end, and hands it every session event in between (observe). Spans only when
+    `traced`, metrics only when `metered` (chat_telemetry() reads both from the process)."""
 
-    def __init__(self, metadata: Sequence[tuple[str, Any]] | None) -> None:
-        context, links = edge_context(metadata)  # callers' trace context trusted only if set
-        self.span = tracer().start_span(
-            "router Chat",
-            context=context,
-            kind=SpanKind.SERVER,
-            links=links,
-            attributes={
-                **rpc_attributes("tiermesh.v1.RouterService/Chat"),
-                **genai_attributes(""),
-            },
-        )
-        self.context = trace.set_span_in_context(self.span)
+    def __init__(
+        self,
+        metadata: Sequence[tuple[str, Any]] | None,
+        traced: bool = True,
+        metered: bool = True,
+    ) -> None:
+        self.span: trace.Span | None = None
+        # the chat span's context, parent of the others; untraced, a trusted caller's own
+        self.context: Context | None = None
+        self._traced = traced
+        if not traced:
+            self.context = _trusted_caller(metadata)
+        else:
+            context, links = edge_context(metadata)  # callers' context trusted only if set
+            self.span = tracer().start_span(
+                "router Chat",
+                context=context,
+                kind=SpanKind.SERVER,
+                links=links,
+                attributes={
+                    **rpc_attributes("tiermesh.v1.RouterService/Chat"),
+                    **genai_attributes(""),
+                },
+            )
+            self.context = trace.set_span_in_context(self.span)
+        self._metered = metered
         self._started = time.perf_counter()
         self._revisions: dict[int, trace.Span] = {}
         self._tier_calls: dict[str, TierCallSpan] = {}  # by the tier request's id
@@ -169,6 +213,19 @@ class ChatTelemetry:
 
     def route(self, decision: router_pb2.RouteDecision, max_tokens: int, start_ns: int) -> None:
         self.mode = MODE_NAMES.get(decision.mode, "routed")
+        # ROUTED and PINNED: the one tier; PROGRESSIVE: the refine tier (the draft's is its call's)
+        self.request_model = decision.tiers[-1] if decision.tiers else ""
+        if self._metered:
+            router_metrics().route_decisions.add(
+                1,
+                {
+                    "tiermesh.tier": self.request_model,
+                    "tiermesh.policy": decision.policy,
+                    "tiermesh.mode": self.mode,
+                },
+            )
+        if self.span is None:
+            return
         attributes: dict[str, Any] = {
             "tiermesh.request_id": decision.request_id,
             "tiermesh.mode": self.mode,
@@ -178,26 +235,18 @@ class ChatTelemetry:
             "tiermesh.complexity": decision.complexity,
             "gen_ai.request.max_tokens": max_tokens,
         }
-        # ROUTED and PINNED: the one tier; PROGRESSIVE: the refine tier (the draft's is its call's)
-        self.request_model = decision.tiers[-1] if decision.tiers else ""
         if self.request_model:
             attributes["gen_ai.request.model"] = self.request_model
         self.span.set_attributes(attributes)
         route = tracer().start_span("route", context=self.context, start_time=start_ns)
         route.set_attributes(attributes)
         route.end()
-        router_metrics().route_decisions.add(
-            1,
-            {
-                "tiermesh.tier": decision.tiers[-1] if decision.tiers else "",
-                "tiermesh.policy": decision.policy,
-                "tiermesh.mode": self.mode,
-            },
-        )
 
     def observe(self, event: SessionEvent) -> None:
         if isinstance(event, TierCallOpening):
-            span = TierCallSpan(self.context, event.tier, event.request_id)
+            span = TierCallSpan(
+                self.context, event.tier, event.request_id, self._traced, self._metered
+            )
             self._tier_calls[event.request_id] = span
             event.metadata.extend(span.metadata)
         elif isinstance(event, TierCallEnded):
@@ -205,7 +254,8 @@ class ChatTelemetry:
             if call is not None:
                 call.end(event)
         elif isinstance(event, RefinementSettled):
-            router_metrics().refinements.add(1, {"tiermesh.outcome": event.outcome})
+            if self._metered:
+                router_metrics().refinements.add(1, {"tiermesh.outcome": event.outcome})
         elif event.HasField("revision_start"):
             start = event.revision_start
             self._revision_started(start.revision, start.tier, start.kept_prefix_chars)
@@ -216,6 +266,8 @@ class ChatTelemetry:
             self._final(event.final)
 
     def _revision_started(self, revision: int, tier: str, kept_prefix_chars: int) -> None:
+        if self.span is None:
+            return
         span = tracer().start_span(f"revision {revision}", context=self.context)
         span.set_attributes(
             {
@@ -234,14 +286,17 @@ class ChatTelemetry:
         end_span(span, "OK" if not error else "UNKNOWN", error)
 
     def _final(self, final: router_pb2.Final) -> None:
-        metrics = router_metrics()
-        attributes = {"tiermesh.mode": self.mode}
         t = final.timings
         self.response_model = final.model
-        if t.time_to_first_draft_ms:
-            metrics.first_draft.record(t.time_to_first_draft_ms / 1000, attributes)
-        metrics.final.record(t.time_to_final_ms / 1000, attributes)
-        metrics.revisions.record(final.revisions, attributes)
+        if self._metered:
+            metrics = router_metrics()
+            attributes = {"tiermesh.mode": self.mode}
+            if t.time_to_first_draft_ms:
+                metrics.first_draft.record(t.time_to_first_draft_ms / 1000, attributes)
+            metrics.final.record(t.time_to_final_ms / 1000, attributes)
+            metrics.revisions.record(final.revisions, attributes)
+        if self.span is None:
+            return
         self.span.set_attributes(
             {
                 "tiermesh.final.revision": final.revision,
@@ -262,10 +317,48 @@ class ChatTelemetry:
             self._tier_calls.pop(request_id).end()
         for revision in list(self._revisions):
             self._revision_ended(revision, "cancelled" if code == "CANCELLED" else "error", code)
-        if code == "CANCELLED" and self.mode == "progressive":
-            router_metrics().refinements.add(1, {"tiermesh.outcome": "cancelled"})
-        attributes = genai_attributes(self.request_model, self.response_model, error_type(code))
-        router_metrics().request_duration.record(
-            time.perf_counter() - self._started, {**attributes, "tiermesh.mode": self.mode}
-        )
+        if self._metered:
+            metrics = router_metrics()
+            if code == "CANCELLED" and self.mode == "progressive":
+                metrics.refinements.add(1, {"tiermesh.outcome": "cancelled"})
+            attributes = genai_attributes(self.request_model, self.response_model, error_type(code))
+            metrics.request_duration.record(
+                time.perf_counter() - self._started, {**attributes, "tiermesh.mode": self.mode}
+            )
         end_span(self.span, code, message)
+
+
+class NoTelemetry:
+    """A chat's telemetry when neither traces nor metrics are on: nothing to build or record."""
+
+    def route(self, decision: router_pb2.RouteDecision, max_tokens: int, start_ns: int) -> None:
+        return None
+
+    def observe(self, event: SessionEvent) -> None:
+        return None
+
+    def finish(self, code: str, message: str = "") -> None:
+        return None
+
+
+NO_TELEMETRY = NoTelemetry()
+
+
+def chat_telemetry(metadata: Sequence[tuple[str, Any]] | None) -> ChatTelemetry | NoTelemetry:
+    """One chat's telemetry, as this process has it on: NO_TELEMETRY when it has neither a
+    tracer nor a meter provider, and no trusted caller context to pass on to the tiers."""
+    traced, metered = tracing_on(), metrics_on()
+    if not traced and not metered and _trusted_caller(metadata) is None:
+        return NO_TELEMETRY
+    return ChatTelemetry(metadata, traced, metered)
+
+
+def _trusted_caller(metadata: Sequence[tuple[str, Any]] | None) -> Context | None:
+    """The caller's trace context when the router trusts it (TIERMESH_TRUST_TRACE_CONTEXT=1) and
+    the caller sent one: with tracing off it still travels on to the tiers, as it would through
+    a no-op span."""
+    if not metadata or os.environ.get(TRUST_TRACE_CONTEXT_ENV) != "1":
+        return None
+    if not any(key == "traceparent" for key, _ in metadata):
+        return None
+    return edge_context(metadata)[0]

@@ -2,8 +2,11 @@
 events to the client and to the chat's observers (telemetry, the routing lessons).
 
 Bounded: past max_inflight chats a new one gets RESOURCE_EXHAUSTED at once. A tier's error is
-relayed with the tier's own status code. Knows nothing of how answers are scored: the comparison
-the routing lessons use is given to it.
+relayed with the tier's own status code. The first tier call goes out before anything not needed
+to start it: a PINNED or PROGRESSIVE chat's tiers do not depend on the routing policy, so its
+choice (the complexity RouteDecision reports, what the routing lessons learn from) is computed
+while that call is in flight, just before RouteDecision is sent. Knows nothing of how answers
+are scored: the comparison the routing lessons use is given to it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import replace
 from typing import cast
 
 import grpc
@@ -32,10 +36,11 @@ from services.common.validation import (
     check_sampling,
     conversation,
 )
+from services.router.chat_events import ChatObserver
 from services.router.chat_outcomes import UpstreamFailed
 from services.router.chat_plan import ChatPlan, SessionClock
 from services.router.chat_session import ChatSession
-from services.router.chat_telemetry import ChatTelemetry
+from services.router.chat_telemetry import NO_TELEMETRY, chat_telemetry
 from services.router.fallback import choose_with_fallback, fallback_chain
 from services.router.learning import AnswersAgree, RoutingLessons
 from services.router.policy import Loads, RoutingInput, RoutingPolicy
@@ -72,8 +77,12 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self._lessons = RoutingLessons(policy, answers_agree)
         self.inflight = 0
 
-    def plan(self, request: router_pb2.ChatRequest | Undecodable) -> ChatPlan:
-        """Validates the request and decides mode and tiers; raises InvalidArgument."""
+    def plan(
+        self, request: router_pb2.ChatRequest | Undecodable, route_now: bool = True
+    ) -> ChatPlan:
+        """Validates the request and decides mode and tiers; raises InvalidArgument. With
+        `route_now` False, a mode whose tiers do not depend on the routing policy leaves the
+        policy's choice to `routed` (plan.choice None, RouteDecision.complexity 0)."""
         if isinstance(request, Undecodable):
             raise InvalidArgument(request.message)
         config = self._config
@@ -94,8 +103,10 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         gate = request.progressive_gate or config.progressive_gate
         if gate not in GATES:
             raise InvalidArgument(f"progressive_gate: {gate!r} is not one of {', '.join(GATES)}")
-        choice = self._policy.route(RoutingInput(tuple(turns), max_tokens), self._loads)
-        complexity = choice.complexity
+        choice = None
+        if route_now or mode == router_pb2.MODE_ROUTED:
+            choice = self._policy.route(RoutingInput(tuple(turns), max_tokens), self._loads)
+        complexity = choice.complexity if choice is not None else 0.0
         fallbacks: tuple[str, ...] = ()
         if mode == router_pb2.MODE_PINNED:
             if not request.tier:
@@ -117,6 +128,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             # with a draft to keep, a refinement moves on only to tiers able to take it
             fallbacks = then if len(tiers) == 1 else tuple(t for t in then if not self._down(t))
         else:
+            assert choice is not None
             tier, note, fallbacks = choose_with_fallback(
                 choice.tier, self._loads, config, self._down
             )
@@ -150,6 +162,18 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             choice=choice,
         )
 
+    def routed(self, plan: ChatPlan, decision: router_pb2.RouteDecision) -> ChatPlan:
+        """`plan` with the policy's choice, computed now if `plan` left it for later, and
+        `decision` (the RouteDecision about to be sent) given its complexity."""
+        if plan.choice is not None:
+            return plan
+        messages = plan.generate.messages
+        turns = tuple((m.role, m.content) for m in messages)
+        choice = self._policy.route(RoutingInput(turns, plan.generate.max_tokens), self._loads)
+        decision.complexity = choice.complexity
+        plan.decision.complexity = choice.complexity
+        return replace(plan, choice=choice)
+
     def _progressive_tiers(self, draft: str, refine: str) -> tuple[tuple[str, ...], list[str]]:
         """(draft, refine), or (refine,) alone when the draft tier is down; a refine tier that
         is down gives way to the first able tier of its fallback chain. With notes saying so."""
@@ -176,7 +200,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     ) -> AsyncIterator[router_pb2.ChatEvent]:
         clock = SessionClock()
         start_ns = time.time_ns()
-        telemetry = ChatTelemetry(context.invocation_metadata())
+        telemetry = chat_telemetry(context.invocation_metadata())
         code, message = "OK", ""
         if self.inflight >= self._config.max_inflight:
             code = "RESOURCE_EXHAUSTED"
@@ -193,14 +217,16 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 retry_after_s=OVERLOAD_RETRY_S,
             )
         self.inflight += 1
+        unrouted: ChatPlan | None = None  # planned, RouteDecision not sent yet
         try:
             try:
-                plan = self.plan(request)
+                plan = self.plan(request, route_now=False)
             except TiermeshError as e:
                 code, message = e.status, str(e)
                 await abort_error(context, e)
+                raise AssertionError("abort raises") from None
+            unrouted = plan
             clock.route_ms = clock.ms()
-            telemetry.route(plan.decision, plan.generate.max_tokens, start_ns)
             session = ChatSession(
                 plan,
                 self._tiers,
@@ -211,10 +237,20 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 stall_s=self._config.stall_timeout_ms / 1000,
                 room=self._health.has_room,
             )
-            observers = (telemetry, self._lessons.observer(plan, _caller()), self._health)
+            observers: list[ChatObserver] = [self._health]
+            if telemetry is not NO_TELEMETRY:
+                observers.append(telemetry)
             try:
                 async with aclosing(session.events()) as events:
                     async for event in events:
+                        if unrouted is not None and isinstance(event, router_pb2.ChatEvent):
+                            unrouted = None  # the session's first ChatEvent: RouteDecision
+                            # the first tier call was just made: one turn of the loop lets
+                            # grpc send its request before the policy runs and this is written
+                            await asyncio.sleep(0)
+                            plan = self.routed(plan, event.route)
+                            telemetry.route(event.route, plan.generate.max_tokens, start_ns)
+                            observers.append(self._lessons.observer(plan, _caller()))
                         for observer in observers:
                             observer.observe(event)
                         if isinstance(event, router_pb2.ChatEvent):
@@ -227,6 +263,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             raise
         finally:
             self.inflight -= 1
+            if unrouted is not None:  # stopped before RouteDecision: the plan as it is
+                telemetry.route(unrouted.decision, unrouted.generate.max_tokens, start_ns)
             telemetry.finish(code, message)
 
     async def Feedback(
