@@ -17,6 +17,7 @@ import grpc
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tiermesh.v1 import router_pb2_grpc
 
 from services.common.config import GatewayConfig
 from services.gateway import completions
@@ -33,11 +34,13 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class RouterConnection:
-    """The channel to the router, opened in the server's event loop at start-up."""
+    """The channel to the router, opened in the server's event loop at start-up, and its
+    RouterService stub."""
 
     def __init__(self, target: str) -> None:
         self.target = target
         self.channel: grpc.aio.Channel | None = None
+        self.stub: router_pb2_grpc.RouterServiceStub | None = None
 
     def open(self) -> grpc.aio.Channel:
         """Plaintext, or TLS with this gateway's certificate when TIERMESH_TLS_* say so."""
@@ -46,6 +49,7 @@ class RouterConnection:
             self.channel = grpc.aio.insecure_channel(self.target)
         else:
             self.channel = grpc.aio.secure_channel(self.target, credentials)
+        self.stub = router_stub(self.channel)
         return self.channel
 
     def get(self) -> grpc.aio.Channel:
@@ -53,10 +57,16 @@ class RouterConnection:
             raise GatewayError(503, "the gateway is not connected to the router yet")
         return self.channel
 
+    def router(self) -> router_pb2_grpc.RouterServiceStub:
+        if self.stub is None:
+            raise GatewayError(503, "the gateway is not connected to the router yet")
+        return self.stub
+
     async def close(self) -> None:
         if self.channel is not None:
             await self.channel.close()
             self.channel = None
+            self.stub = None
 
 
 def create_app(config: GatewayConfig) -> FastAPI:
@@ -129,7 +139,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
             raise
         span, context = start_span(request.headers, chat_request.model, chat_request.user)
         chat = RouterChat(
-            router_stub(router.get()),
+            router.router(),
             chat_request.request,
             call_metadata(request.headers, context),
             config.timeout_s,

@@ -57,8 +57,9 @@ async def stream(
             )
         )
         async for event in _events(chat, first):
-            for payload in relay.feed(event):
-                yield sse(payload)
+            payloads = relay.feed(event)
+            if payloads:  # one write for an event's chunks (Final's come as two or three)
+                yield b"".join(sse(payload) for payload in payloads)
             if isinstance(event, FinalEvent):
                 await chat.next()  # the call's OK status, which follows Final
                 yield DONE

@@ -14,6 +14,8 @@ from typing import Any
 from tiermesh.client import FinalEvent
 
 DONE = b"data: [DONE]\n\n"
+# one encoder for every event: json.dumps with a non-default argument builds one per call
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 def completion_id() -> str:
@@ -26,7 +28,7 @@ def created_now() -> int:
 
 def sse(payload: dict[str, Any]) -> bytes:
     """One server-sent event carrying `payload` as JSON."""
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + _COMPACT.encode(payload).encode() + b"\n\n"
 
 
 def usage(final: FinalEvent) -> dict[str, int]:

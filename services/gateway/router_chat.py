@@ -22,16 +22,17 @@ from tiermesh.client.tracing import end_span, inject_metadata, rpc_attributes
 from tiermesh.v1 import router_pb2, router_pb2_grpc
 
 from services.common.genai_conventions import error_type, genai_attributes, span_name
-from services.common.telemetry import tracer
+from services.common.telemetry import tracer, tracing_on
 from services.gateway.errors import PARAMS, GatewayError
 
 TRACE_HEADERS = ("traceparent", "tracestate")
+EMPTY_CONTEXT = Context()  # no trace context to pass on
 
 
 def call_metadata(headers: Mapping[str, str], context: Context) -> list[tuple[str, str]]:
     """gRPC metadata of a router call: `authorization` passed through as given, and the trace
     context `context` (which continues the caller's `traceparent`)."""
-    metadata = inject_metadata(context)
+    metadata = inject_metadata(context) if context is not EMPTY_CONTEXT else []
     authorization = headers.get("authorization")
     if authorization:
         metadata.append(("authorization", authorization))
@@ -41,7 +42,11 @@ def call_metadata(headers: Mapping[str, str], context: Context) -> list[tuple[st
 def start_span(headers: Mapping[str, str], model: str, user: str) -> tuple[Any, Context]:
     """The CLIENT span of the router call and the context that carries it to the router. Its
     parent is the request's current span when the web framework traces requests itself, else
-    the caller's `traceparent`; with no tracer installed, the caller's context goes on as is."""
+    the caller's `traceparent`; with no tracer installed, the caller's context goes on as is
+    (and nothing is built for a span)."""
+    if not tracing_on():
+        carrier = {name: headers[name] for name in TRACE_HEADERS if name in headers}
+        return None, propagate.extract(carrier) if carrier else EMPTY_CONTEXT
     if trace.get_current_span().get_span_context().is_valid:
         parent = context_api.get_current()
     else:
@@ -144,4 +149,6 @@ class RouterChat:
 
 
 def router_stub(channel: grpc.aio.Channel) -> router_pb2_grpc.RouterServiceStub:
+    """The stub of the router's RouterService on `channel`: built once per channel, not per
+    request."""
     return router_pb2_grpc.RouterServiceStub(channel)
