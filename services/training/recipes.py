@@ -30,6 +30,9 @@ class TierRecipe:
     # a tier trained before this one whose checkpoint it starts from, grown (growth.py): twice as
     # wide at the same depth, and/or deeper at the same width
     grow_from: str | None = None
+    # simple and medium requests reworded in training (services.workload.augment): other
+    # templates, surface noise, off-domain questions answered with the fallback reply
+    augment: bool = True
 
 
 # Budgets (steps; minutes on a quiet 2-core machine): small 1,200 (~5), medium 1,100 (~9),

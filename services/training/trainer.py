@@ -16,6 +16,7 @@ import random
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from services.training.growth import grow
 from services.training.recipes import TierRecipe
 from services.training.tokenizer import EOS_TOKEN, prompt_text, save_tokenizer
 from services.workload import CLASSES, WorkloadItem, drill_stream, stream
+from services.workload.augment import augmented_stream
 
 # kinds of batch (each step is one kind's batch of ~batch_tokens; the recipe's step_mix gives
 # their shares): the three request classes, and "drill", the training-only arithmetic of the
@@ -48,11 +50,13 @@ class TrainingReport:
     params: int
     final_loss: float
     recipe: dict[str, Any]
+    autocast: str = "bfloat16"  # the precision the steps computed in (float32 without native bf16)
 
 
 class ExampleBatches:
-    """Endless (kind, input_ids, labels, tokens) batches from the workload stream; `tokens`
-    counts the unpadded prompt + answer tokens."""
+    """Endless (kind, input_ids, labels, tokens) batches from the workload stream (with `augment`,
+    simple and medium requests reworded: services.workload.augment); `tokens` counts the unpadded
+    prompt + answer tokens. No held-out prompt is ever in a batch."""
 
     def __init__(
         self,
@@ -61,6 +65,7 @@ class ExampleBatches:
         held_out: frozenset[str],
         batch_tokens: int,
         step_mix: tuple[float, ...],
+        augment: bool = False,
     ):
         if len(step_mix) != len(KINDS) or min(step_mix) < 0 or sum(step_mix) <= 0:
             raise ValueError(f"step_mix needs {len(KINDS)} shares >= 0 for {KINDS}: {step_mix}")
@@ -69,8 +74,9 @@ class ExampleBatches:
         self._rng = random.Random(seed)
         self._held_out = held_out
         self._rows = {k: max(1, batch_tokens // TYPICAL_LENGTH[k]) for k in KINDS}
+        source = partial(augmented_stream, held_out=held_out) if augment else stream
         self._streams: dict[str, Iterator[tuple[str, str]]] = {
-            c: self._fresh(stream(seed, c)) for c in CLASSES
+            c: self._fresh(source(seed, c)) for c in CLASSES
         }
         self._streams["drill"] = drill_stream(seed)
 
@@ -125,13 +131,21 @@ def _lr_at(step: int, progress: float, recipe: TierRecipe) -> float:
     return recipe.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
 
 
-def _step(model: Any, optimiser: Any, batch: tuple[Any, ...], lr: float) -> tuple[float, int]:
+def bf16_is_native() -> bool:
+    """True when this CPU computes bfloat16 natively (AVX512-BF16 or AMX); elsewhere (AVX2 only)
+    torch emulates it ~40x slower than float32, so training keeps float32 there."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def _step(
+    model: Any, optimiser: Any, batch: tuple[Any, ...], lr: float, bf16: bool = True
+) -> tuple[float, int]:
     _, ids, labels, tokens = batch
     for group in optimiser.param_groups:
         group["lr"] = lr
     # padding only ever follows an example, and causal attention never looks ahead, so no mask
     # is needed: attention takes its fused causal path (~10% faster a step)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         loss = model(input_ids=ids, labels=labels).loss
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -175,8 +189,11 @@ def train_tier(
         weight_decay=recipe.weight_decay,
         fused=True,
     )
-    batches = ExampleBatches(tokenizer, seed, held_out, recipe.batch_tokens, recipe.step_mix)
+    batches = ExampleBatches(
+        tokenizer, seed, held_out, recipe.batch_tokens, recipe.step_mix, recipe.augment
+    )
     params = sum(p.numel() for p in model.parameters())
+    bf16 = bf16_is_native()
     start = time.perf_counter()
     step, tokens, ema = 0, 0, 0.0
     last_note = start
@@ -192,7 +209,7 @@ def train_tier(
         done = 0.0
         while done < 1.0:
             lr = _lr_at(step, done, recipe)
-            loss, n = _step(model, optimiser, batches.next_batch(), lr)
+            loss, n = _step(model, optimiser, batches.next_batch(), lr, bf16)
             step, tokens = step + 1, tokens + n
             ema = loss if step == 1 else 0.98 * ema + 0.02 * loss
             now = time.perf_counter()
@@ -207,7 +224,15 @@ def train_tier(
     elapsed = time.perf_counter() - start
     save_checkpoint(model, tokenizer, out_dir)
     report = TrainingReport(
-        recipe.tier, seed, step, round(elapsed, 1), tokens, params, round(ema, 4), asdict(recipe)
+        recipe.tier,
+        seed,
+        step,
+        round(elapsed, 1),
+        tokens,
+        params,
+        round(ema, 4),
+        asdict(recipe),
+        "bfloat16" if bf16 else "float32",
     )
     (out_dir / "training.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
     return report

@@ -103,21 +103,31 @@ def _simple(rng: random.Random, store: Store) -> tuple[str, str, str]:
         return rng.choice(policy.questions), policy.answer, policy.answer
     product = rng.choice(store.popular)
     prompt = rng.choice(LOOKUP_TEMPLATES).format(item=product.name)
+    return prompt, *lookup_answer(product)
+
+
+def lookup_answer(product: Product) -> tuple[str, str]:
+    """(reference, final) of a question about one product's price."""
     final = f"${product.price}"
-    return prompt, f"The {product.name} costs {final}.\n{ANSWER_PREFIX}{final}", final
+    return f"The {product.name} costs {final}.\n{ANSWER_PREFIX}{final}", final
 
 
-def _medium(rng: random.Random, store: Store) -> tuple[str, str, str]:
-    product = rng.choice(store.products)
-    qty = rng.randint(2, 9)
-    prompt = rng.choice(MEDIUM_TEMPLATES).format(qty=qty, items=product.plural)
+def medium_answer(product: Product, qty: int) -> tuple[str, str]:
+    """(reference, final) of a question about the cost of `qty` of one product."""
     total = qty * product.price
     reference = (
         f"{_article(product.name)} {product.name} costs ${product.price}.\n"
         f"{qty} x ${product.price} = ${total}\n"
         f"{ANSWER_PREFIX}${total}"
     )
-    return prompt, reference, f"${total}"
+    return reference, f"${total}"
+
+
+def _medium(rng: random.Random, store: Store) -> tuple[str, str, str]:
+    product = rng.choice(store.products)
+    qty = rng.randint(2, 9)
+    prompt = rng.choice(MEDIUM_TEMPLATES).format(qty=qty, items=product.plural)
+    return prompt, *medium_answer(product, qty)
 
 
 def _article(name: str) -> str:

@@ -16,13 +16,14 @@ import random
 from collections.abc import Callable, Iterator
 from functools import cache
 
-from services.common.answers import ANSWER_PREFIX
 from services.workload.generator import (
     LOOKUP_TEMPLATES,
     MEDIUM_TEMPLATES,
     STORE,
     RequestClass,
     WorkloadItem,
+    lookup_answer,
+    medium_answer,
 )
 from services.workload.store import FALLBACK_ANSWER, POLICIES, Store
 
@@ -228,8 +229,7 @@ def _unseen_simple(rng: random.Random, store: Store) -> tuple[str, str, str, str
     template = rng.choice(UNSEEN_LOOKUP_TEMPLATES if new else LOOKUP_TEMPLATES)
     protected = frozenset(product.name.split())
     prompt = _reworded(template.format(item=product.name), protected, rng, least=0 if new else 1)
-    final = f"${product.price}"
-    return "lookup", prompt, f"The {product.name} costs {final}.\n{ANSWER_PREFIX}{final}", final
+    return "lookup", prompt, *lookup_answer(product)
 
 
 def _unseen_medium(rng: random.Random, store: Store) -> tuple[str, str, str, str]:
@@ -243,14 +243,7 @@ def _unseen_medium(rng: random.Random, store: Store) -> tuple[str, str, str, str
         prompt = prompt[0].upper() + prompt[1:]
     protected = frozenset(product.plural.split()) | {NUMBER_WORDS[qty]}
     prompt = _reworded(prompt, protected, rng, least=0 if new or as_word else 1)
-    total = qty * product.price
-    article = "An" if product.name[0] in "aeiou" else "A"
-    reference = (
-        f"{article} {product.name} costs ${product.price}.\n"
-        f"{qty} x ${product.price} = ${total}\n"
-        f"{ANSWER_PREFIX}${total}"
-    )
-    return "medium", prompt, reference, f"${total}"
+    return "medium", prompt, *medium_answer(product, qty)
 
 
 def unseen_stream(
