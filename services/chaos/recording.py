@@ -9,7 +9,9 @@ see every delta without a second load generator. Knows the SDK's events only.
 from __future__ import annotations
 
 import itertools
+import re
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +27,7 @@ class RevisionTrace:
     token_ids: list[int] = field(default_factory=list)
     first_delta_s: float | None = None  # perf_counter of its first and last deltas
     last_delta_s: float | None = None
+    delta_s: list[float] = field(default_factory=list)  # perf_counter of every delta
     ended_s: float | None = None  # perf_counter of its RevisionEnd
     finish_reason: str = ""
     error: str = ""
@@ -52,6 +55,7 @@ class StreamTrace:
             if revision.first_delta_s is None:
                 revision.first_delta_s = now
             revision.last_delta_s = now
+            revision.delta_s.append(now)
         elif isinstance(event, RevisionEndEvent):
             revision = self.revisions.setdefault(event.revision, RevisionTrace())
             revision.finish_reason, revision.error = event.finish_reason, event.error
@@ -78,6 +82,26 @@ class StreamTrace:
                 gap = after.first_delta_s - broken.last_delta_s
                 found.append(Failover(gap, told, len(broken.token_ids)))
         return found
+
+    def continuation_gaps_s(self) -> list[float]:
+        """For each break continued in the same revision by another replica (Final.reason says
+        `continued revision N`, once per break): the longest pause between that revision's
+        deltas, one per break (the client sees no event at the break itself, so the pause
+        around it is taken to be the longest; when it is not, this overstates the gap)."""
+        if self.final is None:
+            return []
+        gaps: list[float] = []
+        breaks = Counter(int(n) for n in CONTINUED.findall(self.final.reason))
+        for number, count in breaks.items():
+            revision = self.revisions.get(number)
+            if revision is None:
+                continue
+            pauses = sorted((b - a for a, b in itertools.pairwise(revision.delta_s)), reverse=True)
+            gaps.extend(pauses[:count])
+        return gaps
+
+
+CONTINUED = re.compile(r"continued revision (\d+)")
 
 
 @dataclass(frozen=True)

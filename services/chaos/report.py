@@ -92,6 +92,8 @@ def build_report(
     told = [f.told_s * 1000 for f in failovers if f.told_s is not None]
     broken = [f.broken_tokens for f in failovers]
     per_token = [f.gap_s * 1000 / f.broken_tokens for f in failovers if f.broken_tokens]
+    continued = [gap * 1000 for trace in traces.values() for gap in trace.continuation_gaps_s()]
+    every_gap = gaps + continued
     return {
         "faults": [
             {
@@ -133,6 +135,15 @@ def build_report(
             "broken_tokens_p50": percentile(broken, 0.50),
             "broken_tokens_p99": percentile(broken, 0.99),
             "gap_ms_per_broken_token_p50": _ms(percentile(per_token, 0.50)),
+            # breaks continued in the same revision by another replica (no new revision): the
+            # longest pause between that revision's deltas, one per break
+            "continued_count": len(continued),
+            "continued_gap_ms_p50": _ms(percentile(continued, 0.50)),
+            "continued_gap_ms_p99": _ms(percentile(continued, 0.99)),
+            "continued_gap_ms_max": _ms(max(continued, default=None)),
+            # both kinds together: every break an answer went on from
+            "all_gap_ms_p50": _ms(percentile(every_gap, 0.50)),
+            "all_gap_ms_p99": _ms(percentile(every_gap, 0.99)),
         },
         "client_loop_lag_ms": lag.summary_ms(),
         "run": run,
@@ -206,6 +217,11 @@ def print_report(report: Mapping[str, Any], console: Console) -> None:
         f"before to the first after: p50 {failover['gap_ms_p50']} ms, p99 "
         f"{failover['gap_ms_p99']} ms (of which until the broken revision's end: p50 "
         f"{failover['told_ms_p50']} ms, p99 {failover['told_ms_p99']} ms)"
+    )
+    console.print(
+        f"continued in the same revision: {failover['continued_count']} breaks; longest pause "
+        f"p50 {failover['continued_gap_ms_p50']} ms, p99 {failover['continued_gap_ms_p99']} ms; "
+        f"every break: p99 {failover['all_gap_ms_p99']} ms"
     )
     lag = report["client_loop_lag_ms"]
     console.print(

@@ -111,3 +111,19 @@ def test_a_refusal_is_put_down_to_who_refused_it() -> None:
     assert refusal_source(admission) == "large at admission"
     late = "tier medium: tier at capacity: no running slot within 10.00 s (16 running, ...)"
     assert refusal_source(late) == "medium after queueing"
+
+
+def test_a_break_continued_in_the_same_revision_is_timed_by_its_longest_pause() -> None:
+    trace = StreamTrace({"prompt": "p"})
+    trace.observe(RevisionStartEvent(0, "small", None, 0), 0.0)
+    for token, at in enumerate([0.01, 0.02, 0.5, 0.51, 0.52, 0.8]):  # breaks at 0.02 and 0.52
+        trace.observe(DeltaEvent(0, "a", (token,)), at)
+    trace.observe(RevisionEndEvent(0, "length", {}, ""), 0.9)
+    reason = (
+        "small (a) failed after 2 characters (UNAVAILABLE: x); another small replica continued "
+        "revision 0; small (b) failed after 5 characters (UNAVAILABLE: y); another small replica "
+        "continued revision 0; answered by small"
+    )
+    trace.observe(FinalEvent(0, "small", "aaaaaa", reason, 1, [], {}), 0.9)
+    assert trace.continuation_gaps_s() == pytest.approx([0.48, 0.28])
+    assert trace.failovers() == []  # no revision broke
