@@ -37,8 +37,8 @@ class Load:
     """What the streams saw: requests by outcome, and each request's model and timing."""
 
     ok: int = 0
-    failed: list[str] = field(default_factory=list)
-    # (started, model that answered, longest gap between its chunks in s, its chunk times)
+    failed: list[tuple[float, str]] = field(default_factory=list)  # (when, the status)
+    # (started, the model that answered, when it started and got each chunk)
     requests: list[tuple[float, str, list[float]]] = field(default_factory=list)
     running: bool = True
 
@@ -59,21 +59,24 @@ async def stream_loop(stub: tier_pb2_grpc.TierServiceStub, load: Load, worker: i
                 model = chunk.model or model
             load.ok += 1
         except grpc.aio.AioRpcError as e:
-            load.failed.append(f"{e.code().name}: {e.details()}")
+            load.failed.append((time.perf_counter(), f"{e.code().name}: {e.details()}"))
         load.requests.append((started, model, [started, *times]))
 
 
 def window_stats(load: Load, start: float, switched: float, end: float, old: str) -> dict[str, Any]:
-    """Of the requests that ran while the swap did: how many, how many started after the switch
-    (as the client learnt of it) yet were answered by the old model, the longest chunk gap."""
+    """Of the requests that ran while the swap did: how many, how many failed, how many started
+    after the switch (as the client learnt of it) yet were answered by the old model, and the
+    longest waits for a chunk."""
     during = [r for r in load.requests if r[2][-1] >= start and r[0] <= end]
     late_on_old = sum(1 for started, model, _ in during if started > switched and model == old)
 
-    def longest_gap(since: float, until: float) -> float:
-        """The longest wait for a chunk (the first included) that ended in [since, until], ms."""
+    def longest_gap(since: float, until: float, on_old: bool | None = None) -> float:
+        """The longest wait for a chunk (the first included) that came in [since, until], of
+        requests on the old model, the new one, or either (None), in ms."""
         gaps = [
             b - a
-            for _, _, times in during
+            for _, model, times in during
+            if on_old is None or (model == old) == on_old
             for a, b in itertools.pairwise(times)
             if since <= b <= until
         ]
@@ -81,18 +84,20 @@ def window_stats(load: Load, start: float, switched: float, end: float, old: str
 
     return {
         "requests_during_swap": len(during),
+        "failed_requests": sum(1 for when, _ in load.failed if start <= when <= end),
         "started_after_switch_on_old_model": late_on_old,
         "longest_chunk_wait_loading_ms": longest_gap(start, switched),
-        "longest_chunk_wait_after_switch_ms": longest_gap(switched, end),
+        "longest_chunk_wait_after_switch_old_model_ms": longest_gap(switched, end, True),
+        "longest_chunk_wait_after_switch_new_model_ms": longest_gap(switched, end, False),
     }
 
 
-async def swap(
-    admin: tier_pb2_grpc.TierAdminServiceStub, load: Load, folder: Path
-) -> dict[str, Any]:
+Swap = tuple[tier_pb2.ModelSwap, float, float, float]  # last record, start, switched, end
+
+
+async def swap(admin: tier_pb2_grpc.TierAdminServiceStub, folder: Path) -> Swap:
     start = time.perf_counter()
-    switched = end = start
-    failed_before = len(load.failed)
+    switched = start
     record = tier_pb2.ModelSwap()
     async for response in admin.SwapModel(tier_pb2.SwapModelRequest(model_path=str(folder))):
         record = response.swap
@@ -100,6 +105,11 @@ async def swap(
             switched = time.perf_counter()
     end = time.perf_counter()
     await asyncio.sleep(1.0)  # requests that began on the new model finish
+    return record, start, switched, end
+
+
+def swap_row(load: Load, swap: Swap) -> dict[str, Any]:
+    record, start, switched, end = swap
     return {
         "from": record.old_model_id,
         "to": record.new_model_id,
@@ -109,7 +119,6 @@ async def swap(
         "streams_on_old": record.streams_on_old,
         "streams_cut": record.streams_cut,
         "freed_mb": round(record.freed_bytes / 1e6, 1),
-        "failed_requests": len(load.failed) - failed_before,
         **window_stats(load, start, switched, end, record.old_model_id),
     }
 
@@ -121,21 +130,22 @@ async def measure(address: str, own: Path, targets: list[Path], streams: int) ->
         load = Load()
         workers = [asyncio.create_task(stream_loop(stub, load, w)) for w in range(streams)]
         await asyncio.sleep(2.0)  # steady load before the first swap
-        steady_until = time.perf_counter()
+        steady = time.perf_counter()
         await asyncio.sleep(3.0)
-        steady = window_stats(load, steady_until, steady_until, time.perf_counter(), "")
+        steady_end = time.perf_counter()
         swaps = []
         for folder in targets:
-            swaps.append(await swap(admin, load, folder))
-            swaps.append(await swap(admin, load, own))
+            swaps.append(await swap(admin, folder))
+            swaps.append(await swap(admin, own))
         load.running = False
         await asyncio.gather(*workers)
+    without = window_stats(load, steady, steady_end, steady_end, "")
     return {
         "streams": streams,
         "requests_ok": load.ok,
-        "failures": load.failed,
-        "longest_chunk_wait_without_swap_ms": steady["longest_chunk_wait_after_switch_ms"],
-        "swaps": swaps,
+        "failures": [status for _, status in load.failed],
+        "longest_chunk_wait_without_swap_ms": without["longest_chunk_wait_loading_ms"],
+        "swaps": [swap_row(load, s) for s in swaps],
     }
 
 
@@ -188,7 +198,8 @@ def main() -> int:
             f"{s['failed_requests']} failed, {s['started_after_switch_on_old_model']} started "
             f"after the switch on the old model; longest wait for a chunk while loading "
             f"{s['longest_chunk_wait_loading_ms']} ms, after the switch "
-            f"{s['longest_chunk_wait_after_switch_ms']} ms"
+            f"{s['longest_chunk_wait_after_switch_old_model_ms']} ms on the old model and "
+            f"{s['longest_chunk_wait_after_switch_new_model_ms']} ms on the new"
         )
     return 0
 

@@ -47,8 +47,7 @@ def swap_row(address: str, swap: tier_pb2.ModelSwap | None, error: str = "") -> 
     for name in RECORD_FIELDS:
         value = getattr(swap, name) if swap is not None else None
         row[name] = round(value, 6) if isinstance(value, float) else value
-    if error:
-        row["error"] = error
+    row["error"] = error or row["error"] or None
     return row
 
 
