@@ -239,8 +239,9 @@ class EngineSwitch:
             )
             records.put_nowait(None)
         except BaseException as e:
-            if self.last_swap is not None and self.last_swap.phase == "loading":
-                self.last_swap = replace(self.last_swap, phase="failed", error=str(e))
+            if self.last_swap is not None:  # a failed load is "failed"; later, the phase stays
+                failed = "failed" if self.last_swap.phase == "loading" else self.last_swap.phase
+                self.last_swap = replace(self.last_swap, phase=failed, error=str(e))
             records.put_nowait(e)
             if not isinstance(e, Exception):
                 raise

@@ -226,6 +226,27 @@ async def test_a_stream_past_the_drain_timeout_ends_unavailable(
     assert (records[-1].streams_on_old, records[-1].streams_cut) == (1, 1)
 
 
+async def test_the_swap_goes_on_when_its_caller_leaves(
+    tier: TierServer, new_model_dir: Path
+) -> None:
+    async with grpc.aio.insecure_channel(tier.address) as channel:
+        stub = tier_pb2_grpc.TierServiceStub(channel)
+        call = tier_pb2_grpc.TierAdminServiceStub(channel).SwapModel(
+            tier_pb2.SwapModelRequest(model_path=str(new_model_dir))
+        )
+        assert (await call.read()).swap.phase == "loading"
+        call.cancel()
+        for _ in range(600):
+            status = await stub.GetStatus(tier_pb2.GetStatusRequest())
+            if status.last_swap.phase != "loading" and status.last_swap.phase != "switched":
+                break
+            await asyncio.sleep(0.05)
+        answer = await _answer(stub, "after", PROMPTS[0])
+    assert status.last_swap.phase == "done", status.last_swap
+    assert status.model_id == f"small/{new_model_dir.name}"
+    assert answer == (await _reference(new_model_dir))[0]
+
+
 async def test_bad_paths_are_refused_by_name_and_the_model_keeps_serving(
     tier: TierServer, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
