@@ -49,8 +49,9 @@ class SecureRun:
             "TIERMESH_TLS_CERT": str(files.cert),
             "TIERMESH_TLS_KEY": str(files.key),
         }
-        if tier in TIER_NAMES:
+        if tier in TIER_NAMES:  # Generate for the router's certificate; hot swap by admin key
             env["TIERMESH_ALLOWED_CALLERS"] = ROUTER_ID
+            env["TIERMESH_KEYS_FILE"] = str(self.keys_file)
         elif child == "router":
             env["TIERMESH_TLS_CLIENT_AUTH"] = "optional"
             env["TIERMESH_KEYS_FILE"] = str(self.keys_file)

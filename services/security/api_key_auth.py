@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
+from tiermesh.v1 import router_pb2
 
 from services.common.errors import PermissionDenied, Unauthenticated
 from services.common.status_details import abort_with_details
@@ -49,9 +50,9 @@ def bearer_token(metadata: Any) -> str | None:
 
 
 def _final_tokens(message: Any) -> int:
-    """Prompt plus completion tokens of a ChatEvent's Final (0 for any other message)."""
-    which = getattr(message, "WhichOneof", None)
-    if which is None or which("event") != "final":
+    """Prompt plus completion tokens of a ChatEvent's Final (0 for any other message: a tier's
+    hot swap progress, the mesh's status)."""
+    if not isinstance(message, router_pb2.ChatEvent) or message.WhichOneof("event") != "final":
         return 0
     return sum(u.usage.prompt_tokens + u.usage.completion_tokens for u in message.final.usage)
 

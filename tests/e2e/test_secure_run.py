@@ -100,3 +100,11 @@ def test_secure_run_with_the_mesh_serves_xds_over_mtls(
         assert {t["state"] for t in router["types"]} == {"ACKED"}
         denied = _tiermesh([*status, "--api-key", chat_key.stdout.strip()], env)
         assert denied.returncode == 1 and "PERMISSION_DENIED" in denied.stderr
+
+        # an operator's hot swap of a tier: TLS with a certificate of the mesh's CA, admin key
+        swap = ["tier", "swap", "small", str(tiny_model_dir), "--json"]
+        swap += ["--address", f"127.0.0.1:{base + 10}", *status[5:]]
+        swapped = _tiermesh([*swap, "--api-key", admin_key.stdout.strip()], env)
+        assert swapped.returncode == 0, swapped.stdout + swapped.stderr
+        refused = _tiermesh([*swap, "--api-key", chat_key.stdout.strip()], env)
+        assert refused.returncode == 1 and "PERMISSION_DENIED" in refused.stderr, refused.stderr

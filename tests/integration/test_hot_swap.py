@@ -280,27 +280,44 @@ async def test_bad_paths_are_refused_by_name_and_the_model_keeps_serving(
     assert await _answers(tier.address, "after") == before
 
 
-async def test_swap_needs_the_admin_scope_when_keys_are_on(tmp_path: Path) -> None:
+async def test_swap_needs_the_admin_scope_when_keys_are_on(
+    tmp_path: Path, tiny_model_dir: Path, new_model_dir: Path
+) -> None:
     keys = tmp_path / "keys.json"
     _, chat_key = create_key(keys, "app", ("chat",))
     _, admin_key = create_key(keys, "ops", ("admin",))
-    config = build_config(TierConfig, {"name": "small", "model_path": "unused", "engine": "echo"})
-    server = await start_tier(config, ServiceSecurity(keys_file=keys))
+    server = await start_tier(_config(tiny_model_dir), ServiceSecurity(keys_file=keys))
     try:
         async with grpc.aio.insecure_channel(server.address) as channel:
             admin = tier_pb2_grpc.TierAdminServiceStub(channel)
-            request = tier_pb2.SwapModelRequest(model_path=str(tmp_path))
+            request = tier_pb2.SwapModelRequest(model_path=str(new_model_dir))
             for key, code in (
                 (None, grpc.StatusCode.UNAUTHENTICATED),
                 (chat_key, grpc.StatusCode.PERMISSION_DENIED),
-                (admin_key, grpc.StatusCode.FAILED_PRECONDITION),  # admitted; echo cannot swap
             ):
                 metadata = (("authorization", f"Bearer {key}"),) if key else None
                 with pytest.raises(grpc.aio.AioRpcError) as raised:
                     [r async for r in admin.SwapModel(request, metadata=metadata)]
                 assert raised.value.code() == code, raised.value.details()
+            bearer = (("authorization", f"Bearer {admin_key}"),)
+            phases = [r.swap.phase async for r in admin.SwapModel(request, metadata=bearer)]
     finally:
         await server.stop(0)
+    assert phases == ["loading", "switched", "done"]
+
+
+async def test_an_engine_without_hot_swap_refuses_it(tmp_path: Path) -> None:
+    config = build_config(TierConfig, {"name": "small", "model_path": "unused", "engine": "echo"})
+    server = await start_tier(config)
+    try:
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            admin = tier_pb2_grpc.TierAdminServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                request = tier_pb2.SwapModelRequest(model_path=str(tmp_path))
+                [r async for r in admin.SwapModel(request)]
+    finally:
+        await server.stop(0)
+    assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "echo engine cannot swap" in (raised.value.details() or "")
 
 
