@@ -5,7 +5,7 @@ A request is refused at once (QueueRefused, RESOURCE_EXHAUSTED) when both limits
 or when its expected wait for a running slot is longer than it may wait: its deadline, or
 `max_wait_s`. The expected wait, which is also the retry delay a refusal carries, is measured:
 the requests ahead of it times the mean time between slot hand-overs while requests wait (an
-exponential average; before one is measured, the mean time a slot is held over the slots),
+exponential average; before one is measured, the mean time a slot is held, a cautious guess),
 times a correction from reality: how long queued requests really waited against what was
 expected of them (an exponential average of the ratio), or, when larger, the ratio of the oldest
 request still waiting so far, so a burst that outruns the measured rate is refused before the
@@ -68,9 +68,12 @@ class Admission:
         self._waiters: dict[object, tuple[float, float]] = {}  # in order: (enqueued, raw wait)
 
     def _per_handover_s(self) -> float:
+        """The time between slot hand-overs: measured, or until then one hold time (as if the
+        slots freed one after another: a burst that meets a tier before its queue has drained
+        once is queued only as deep as that allows, then measured)."""
         if self.handover_s is not None:
             return self.handover_s
-        return self.hold_s / self.max_running
+        return self.hold_s
 
     def _raw_wait_s(self) -> float:
         """The wait of a request arriving now by the hand-over rate alone: 0 while a slot is
