@@ -232,7 +232,20 @@ TRAIN_MEDIUM_TEMPLATES = (
     "Cost of {qty} {items}?",
     "how much is {qty} {items}",
 )
-TRAIN_GREETINGS = ("Hiya!", "Yo,", "Hey there!", "Good evening,", "Greetings.", "Good afternoon,")
+TRAIN_GREETINGS = (
+    "Hiya!",
+    "Yo,",
+    "Hey there!",
+    "Good evening,",
+    "Greetings.",
+    "Good afternoon,",
+    "Hi folks!",
+    "Dear shop,",
+    "Hello team,",
+    "Morning!",
+    "Hey hey,",
+    "Hi again.",
+)
 TRAIN_CONTEXTS = (
     "I ordered from you before.",
     "I am buying for my family.",
@@ -240,7 +253,17 @@ TRAIN_CONTEXTS = (
     "I am looking at your catalogue.",
     "Sorry to bother you.",
     "I need some help.",
+    "I am planning a purchase.",
+    "This is my first order.",
+    "I saw your advert.",
+    "I am comparing shops.",
+    "Thanks in advance.",
+    "Just wondering.",
+    "I am on your website now.",
+    "My sister recommended you.",
+    "I have a small question.",
 )
+UPPER_SHARE = 0.15  # of surface-noised texts: all in capitals (and nothing else changed)
 
 
 def _greeting(text: str, _protected: frozenset[str], rng: random.Random) -> str:
@@ -254,16 +277,18 @@ def _context(text: str, _protected: frozenset[str], rng: random.Random) -> str:
     return f"{rng.choice(TRAIN_CONTEXTS)} {text}"
 
 
-# in the order they apply; upper case comes alone (see phrasings._reworded)
+# in the order they apply; upper case comes alone, UPPER_SHARE of the time (capitals are other
+# tokens altogether, so a model needs them more often than one edit in six)
 TRAIN_TRANSFORMS: tuple[Transform, ...] = (_lower, _upper, _punctuation, _typo, _context, _greeting)
 
 
 def surface_noise(text: str, protected: frozenset[str], rng: random.Random, least: int) -> str:
     """The text with `least` to 2 seeded surface edits: casing, punctuation, one typo (never in a
     protected word), a training-only sentence of context and/or greeting before it."""
-    chosen = rng.sample(range(len(TRAIN_TRANSFORMS)), rng.randint(least, 2))
-    if TRAIN_TRANSFORMS.index(_upper) in chosen:
-        chosen = [TRAIN_TRANSFORMS.index(_upper)]
+    if rng.random() < UPPER_SHARE:
+        return _upper(text, protected, rng)
+    others = [i for i, edit in enumerate(TRAIN_TRANSFORMS) if edit is not _upper]
+    chosen = rng.sample(others, rng.randint(least, 2))
     for index in sorted(chosen):
         text = TRAIN_TRANSFORMS[index](text, protected, rng)
     return text
