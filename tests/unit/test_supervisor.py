@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from services.common.errors import ConfigError
 from services.launcher.local_mesh import Child, plan_children
 from services.launcher.supervisor import RestartPolicy, Supervisor, stop_in_order
 
@@ -139,5 +138,8 @@ def test_replicas_are_planned_as_more_children_given_to_the_router(tmp_path: Pat
     assert second.address.endswith(second.command[second.command.index("--port") + 1])
     router = children[-1].command
     assert f"small={small.address},{second.address}" in router
-    with pytest.raises(ConfigError, match="--replicas: not supported with --mesh"):
-        plan_children(9000, models, None, tmp_path / "logs", mesh=True, replicas={"small": 2})
+    # with --mesh the replicas are endpoints of the tier's cluster in the topology written
+    meshed = plan_children(9000, models, None, tmp_path / "logs", mesh=True, replicas={"small": 2})
+    second_port = meshed[1].address.rsplit(":", 1)[1]
+    topology = (tmp_path / "logs" / "topology.yaml").read_text()
+    assert "127.0.0.1:9010\n" in topology and f"127.0.0.1:{second_port}\n" in topology
