@@ -1,8 +1,9 @@
 """TLS in the Kubernetes manifests (`tiermesh mesh k8s --secure`): each Deployment mounts its
 identity's certificate and the CA read-only from Secrets and reads them through TIERMESH_TLS_*;
-tiers and the control plane accept ADS/Generate only from the router's identity; the router and
-the control plane enforce the API keys of a Secret; gRPC containers are probed by an exec probe
-that checks gRPC health over mTLS (kubelet's native `grpc:` probe speaks plaintext only).
+tiers and the control plane accept ADS/Generate only from the router's identity; the router, the
+control plane and the tiers' admin service (hot swap) enforce the API keys of a Secret; gRPC
+containers are probed by an exec probe that checks gRPC health over mTLS (kubelet's native
+`grpc:` probe speaks plaintext only).
 
 The Secrets are referenced, never written with keys in them: `secret_commands` lists the
 `tiermesh certs issue` and `kubectl create secret` commands that make them. Plain dictionaries;
@@ -27,6 +28,9 @@ ROUTER_ID = "spiffe://tiermesh/router"
 SECURE_PROBE_PERIOD_S = 10
 PROBE_TIMEOUT_S = 5
 ROLES = ("tier", "router", "control-plane", "gateway")
+# who reads the API keys: the router's clients, the control plane's admin service, and a tier's
+# admin service (an operator's hot swap: a certificate of the CA plus an admin key)
+KEYED_ROLES = ("router", "control-plane", "tier")
 
 
 def tls_secret(identity: str) -> str:
@@ -51,7 +55,7 @@ def _env(role: str) -> dict[str, str]:
         env["TIERMESH_ALLOWED_CALLERS"] = ROUTER_ID
     if role == "router":  # clients outside the mesh bring a key, not a certificate
         env["TIERMESH_TLS_CLIENT_AUTH"] = "optional"
-    if role in ("router", "control-plane"):
+    if role in KEYED_ROLES:
         env["TIERMESH_KEYS_FILE"] = f"{KEYS_MOUNT}/keys.json"
     return env
 
@@ -97,7 +101,7 @@ def secure_container(container: dict[str, Any], identity: str, role: str) -> lis
             },
         }
     ]
-    if role in ("router", "control-plane"):
+    if role in KEYED_ROLES:
         mounts.append({"name": "api-keys", "mountPath": KEYS_MOUNT, "readOnly": True})
         volumes.append(
             {"name": "api-keys", "secret": {"secretName": KEYS_SECRET, "defaultMode": 0o440}}

@@ -160,9 +160,11 @@ def test_secure_manifests_mount_certificates_from_secrets_and_probe_over_tls() -
         assert sources == [tls_secret(identity), CA_SECRET]
         if name.startswith("tier-") or name == "tiermesh-control-plane":
             assert env["TIERMESH_ALLOWED_CALLERS"] == ROUTER_ID
-        if name in ("tiermesh-router", "tiermesh-control-plane"):
+        if name != "tiermesh-gateway":  # router clients; control plane and tier admin (swap)
             assert env["TIERMESH_KEYS_FILE"] == f"{KEYS_MOUNT}/keys.json"
             assert volumes["api-keys"]["secret"]["secretName"] == KEYS_SECRET
+        else:
+            assert "TIERMESH_KEYS_FILE" not in env and "api-keys" not in volumes
         if name == "tiermesh-gateway":
             assert "httpGet" in container["readinessProbe"]
             continue
