@@ -87,14 +87,16 @@ class TierHealth:
 
     def has_room(self, tier: str, avoid: Collection[str]) -> bool:
         """Whether a replica of `tier`, none of `avoid`, may take a call and by its last load
-        report would start it at once (a running slot free, nobody queued): where a call
-        another tier refused for overload may go on without queueing again. Unknown load is
-        no room."""
+        report would start it at once (a running slot free, nobody queued, no refusal for
+        overload since): where a call another tier refused for overload may go on without
+        queueing again. Unknown load is no room."""
         for endpoint in self._replicas.get(tier, ()):
             if endpoint in avoid or self.endpoint_down(endpoint) is not None:
                 continue
             load = self._reports.endpoint_load(endpoint)
-            if load is not None and load.serving and load.running + load.queued < load.max_running:
+            if load is None or not load.serving or load.refusing:
+                continue
+            if load.running + load.queued < load.max_running:
                 return True
         return False
 

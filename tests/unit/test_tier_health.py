@@ -4,6 +4,8 @@ fallback choice over loads and down reasons (fallback.py), and the choice of a t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from services.common.config import RouterConfig
 from services.router.chat_events import TierCallEnded
 from services.router.fallback import choose_with_fallback, fallback_chain
@@ -166,3 +168,12 @@ def test_a_refusal_for_overload_is_told_to_the_replica_s_reports_and_ejects_noth
     health.observe(TierCallEnded("small", "r/small/2", "UNAVAILABLE", endpoint="b"))
     assert reports.refusals == ["a", "a", "a"]
     assert health.endpoint_down("a") is None
+
+
+def test_a_replica_that_refused_since_its_last_report_has_no_room() -> None:
+    reports = Reports()
+    health = TierHealth({"small": ("a",)}, reports, detector(), clock=lambda: 0.0)
+    reports.loads = {"a": busy(1)}
+    assert health.has_room("small", ())
+    reports.loads = {"a": replace(busy(1), refusing=True)}  # refused a call at this report
+    assert not health.has_room("small", ())
