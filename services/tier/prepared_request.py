@@ -123,10 +123,15 @@ def check_continued(
     """The request's continued answer tokens and how many characters of their text the caller
     has, checked: fewer tokens than max_tokens, each within the model's vocabulary (an id past
     it would fail the whole batch step), none an end-of-sequence token (the answer would have
-    ended there), no more characters than their text has. Raises InvalidArgument naming the
-    first fault."""
+    ended there), no more characters than their text has (none without tokens). Raises
+    InvalidArgument naming the first fault."""
     continued = request.continue_ids
     if not continued:
+        if request.continue_chars:  # characters of no tokens: more than their text has
+            raise InvalidArgument(
+                f"continue_text_chars: {request.continue_chars} characters, but "
+                "continue_token_ids is empty"
+            )
         return (), 0
     if len(continued) >= request.max_tokens:
         raise InvalidArgument(

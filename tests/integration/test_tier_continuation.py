@@ -70,6 +70,7 @@ async def test_bad_continuations_are_refused_alone(tier: TierServer) -> None:
         "leaves nothing to generate": ([ids[0]] * MAX_TOKENS, None),
         "not in the vocabulary": ([ids[0], 10**9], None),
         "more characters than the tokens make": (ids[:2], 10_000),
+        "characters without tokens": ([], 3),
     }
     healthy = asyncio.ensure_future(generate(tier, request_id="healthy"))
     for why, (continued, chars) in bad.items():
