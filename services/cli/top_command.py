@@ -108,6 +108,23 @@ def status_row(tier: str, address: str, status: tier_pb2.TierStatus) -> dict[str
         "startup_s": round(status.startup_s, 3),
         "startup_phases": {p.name: round(p.seconds, 3) for p in status.startup_phases},
         "weights_loading": status.weights_loading,
+        "last_swap": _last_swap(status),
+    }
+
+
+def _last_swap(status: tier_pb2.TierStatus) -> dict[str, Any] | None:
+    """The replica's last hot swap (`tiermesh tier swap`), None when it never swapped."""
+    if not status.HasField("last_swap"):
+        return None
+    swap = status.last_swap
+    return {
+        "phase": swap.phase,
+        "old_model_id": swap.old_model_id,
+        "new_model_id": swap.new_model_id,
+        "load_s": round(swap.load_s, 3),
+        "switch_s": round(swap.switch_s, 6),
+        "started_unix_s": round(swap.started_unix_s, 3),
+        "error": swap.error or None,
     }
 
 

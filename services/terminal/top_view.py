@@ -1,5 +1,6 @@
 """How `tiermesh top` looks: one table row per tier replica (queue, running, KV pool, decode
-busy share, tokens/s, TTFT p50, model), drawn live with rich, and the `--once --json` snapshot.
+busy share, tokens/s, TTFT p50, model and its last hot swap), drawn live with rich, and the
+`--once --json` snapshot.
 
 Draws the plain snapshot dicts it is given (the JSON contract in the README); knows nothing of
 gRPC, of where the numbers come from, or of the router's and tiers' code.
@@ -63,9 +64,22 @@ def snapshot_table(snapshot: Snapshot) -> Table:
             f"{row['decode_busy_share']:.0%}",
             f"{row['tokens_per_s']:.1f}",
             f"{row['ttft_ms_p50']:.0f} ms" if row["ttft_ms_p50"] else "-",
-            row["model"],
+            row["model"] + _swap_note(row.get("last_swap"), snapshot["t"]),
         )
     return table
+
+
+def _swap_note(swap: dict[str, Any] | None, now: float) -> str:
+    """What follows a replica's model: when it last swapped ("(swapped 12 s ago)"), or the
+    swap under way, or the one that failed."""
+    if not swap:
+        return ""
+    ago = max(0.0, now - swap["started_unix_s"])
+    if swap["phase"] == "failed":
+        return f" [red](swap failed {ago:.0f} s ago)[/red]"
+    if swap["phase"] == "done":
+        return f" (swapped {ago:.0f} s ago)"
+    return f" [yellow](swap: {swap['phase']})[/yellow]"
 
 
 def _kv_cell(row: dict[str, Any]) -> str:

@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 from tiermesh.client import AsyncRouterClient
 
 from services.cli.main import main
+from services.terminal.top_view import snapshot_table
 from tests.integration.mesh import start_mesh
 from tests.integration.processes import write_toml
 
@@ -19,7 +22,7 @@ ROW_FIELDS = {
     "tier", "address", "error", "model", "engine", "serving", "queued", "max_queued", "running",
     "max_running", "kv_pool_used_tokens", "kv_pool_capacity_tokens", "kv_pool_use_share",
     "decode_busy_share", "tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "completed", "rejected",
-    "startup_s", "startup_phases", "weights_loading",
+    "startup_s", "startup_phases", "weights_loading", "last_swap",
 }  # fmt: skip
 
 
@@ -58,6 +61,19 @@ async def test_top_once_json_reads_every_tier_of_the_router(
         assert rows["small"]["completed"] == 1 and rows["small"]["tokens_per_s"] > 0
         assert rows["small"]["ttft_ms_p50"] > 0
         assert rows["large"]["completed"] == 0 and rows["large"]["tokens_per_s"] == 0
+        assert rows["small"]["last_swap"] is None
+
+        # after a hot swap of large, its row names the swap, and so does the table
+        swap = ["tier", "swap", "large", str(tiny_model_dir), "--address", targets["large"]]
+        assert await asyncio.to_thread(main, swap) == 0
+        capsys.readouterr()
+        snapshot = await top_json(capsys, "--router-config", str(router_config))
+        swapped = next(row for row in snapshot["tiers"] if row["tier"] == "large")["last_swap"]
+        assert swapped["phase"] == "done" and swapped["error"] is None
+        assert swapped["old_model_id"] == swapped["new_model_id"] == f"large/{tiny_model_dir.name}"
+        console = Console(record=True, width=200, file=io.StringIO())
+        console.print(snapshot_table(snapshot))
+        assert "(swapped " in console.export_text()
 
         # --tier names replicas directly; one that does not answer gets its error, not a crash
         down = "127.0.0.1:1"
