@@ -251,16 +251,16 @@ class EngineSwitch:
         says the old model still serves."""
         from services.tier.model_loading import ModelFolderError, import_model_code, imported_dtype
 
-        config = replace(
-            self._config, model_path=path, dtype=imported_dtype(path) or self._config.dtype
-        )
-        engine = create_engine(config)
+        engine: Engine | None = None
         try:
+            dtype = imported_dtype(path) or self._config.dtype  # its import record, if any
+            engine = create_engine(replace(self._config, model_path=path, dtype=dtype))
             await asyncio.to_thread(import_model_code, path)
             await engine.start()
         except BaseException as e:
-            with contextlib.suppress(Exception):
-                await engine.shutdown()
+            if engine is not None:
+                with contextlib.suppress(Exception):
+                    await engine.shutdown()
             if not isinstance(e, Exception):
                 raise
             serving = self.last_swap.old_model_id if self.last_swap else self._config.name

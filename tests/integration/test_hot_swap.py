@@ -255,6 +255,9 @@ async def test_bad_paths_are_refused_by_name_and_the_model_keeps_serving(
     broken = tmp_path / "broken"  # a complete folder whose weights are not safetensors
     shutil.copytree(tiny_model_dir, broken)
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    bad_record = tmp_path / "bad-record"  # a complete folder whose import record is not JSON
+    shutil.copytree(tiny_model_dir, bad_record)
+    (bad_record / "tiermesh.json").write_text("{not json")
     before = await _answers(tier.address, "before")
     async with grpc.aio.insecure_channel(tier.address) as channel:
         admin = tier_pb2_grpc.TierAdminServiceStub(channel)
@@ -262,6 +265,7 @@ async def test_bad_paths_are_refused_by_name_and_the_model_keeps_serving(
             ("", grpc.StatusCode.INVALID_ARGUMENT, "model_path: required"),
             (str(tmp_path / "nowhere"), grpc.StatusCode.INVALID_ARGUMENT, "does not exist"),
             (str(empty), grpc.StatusCode.INVALID_ARGUMENT, "lacks config.json"),
+            (str(bad_record), grpc.StatusCode.INVALID_ARGUMENT, "not valid JSON"),
             (str(broken), grpc.StatusCode.FAILED_PRECONDITION, "keeps serving"),
         ):
             with pytest.raises(grpc.aio.AioRpcError) as raised:
