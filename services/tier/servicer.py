@@ -55,6 +55,12 @@ def usage_to_proto(usage: GenerationUsage) -> common_pb2.Usage:
     )
 
 
+class OtherModel(TiermeshError):
+    """A continuation of tokens another model generated; it must go where that model serves."""
+
+    status = "FAILED_PRECONDITION"
+
+
 class TierServicer(tier_pb2_grpc.TierServiceServicer):
     def __init__(self, tier: str, engine: Engine, max_tokens: int) -> None:
         self._tier = tier
@@ -106,6 +112,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
         status, message = "OK", ""
         try:
             generation = self._request(request, context.time_remaining())
+            self._check_continued_model(request)  # then at once to the engine checked
             stream = self._engine.generate(generation)
             async with contextlib.aclosing(stream):  # type: ignore[type-var]
                 async for chunk in stream:
@@ -120,7 +127,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
                         logprobs=chunk.logprobs,
                         finish_reason=chunk.finish_reason or "",
                         usage=usage_to_proto(chunk.usage) if chunk.usage else None,
-                        model=self._model_id(answering) if chunk.finish_reason else "",
+                        model=self._model_id(answering) if chunk.model else "",
                     )
         except TiermeshError as e:
             status, message = e.status, str(e)
@@ -144,6 +151,18 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
                 finish,
                 status,
                 message,
+            )
+
+    def _check_continued_model(self, request: tier_pb2.GenerateRequest) -> None:
+        """A continuation of another model's tokens (continue_model) is refused: the ids would
+        be read with this model's tokenizer."""
+        if not request.continue_token_ids or not request.continue_model:
+            return
+        serving = self._model_id("")
+        if request.continue_model != serving:
+            raise OtherModel(
+                f"continue_model: the tokens are {request.continue_model}'s, this replica serves "
+                f"{serving}"
             )
 
     def _model_id(self, model: str) -> str:

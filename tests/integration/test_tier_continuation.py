@@ -93,3 +93,29 @@ async def test_an_end_of_sequence_token_cannot_be_continued(tiny_model_dir: Path
         assert "end-of-sequence" in (refused.value.details() or "")
     finally:
         await server.stop(0)
+
+
+async def test_tokens_of_another_model_are_refused_and_the_first_chunk_names_the_model(
+    tier: TierServer,
+) -> None:
+    whole = await generate(tier)
+    ids = [t for chunk in whole for t in chunk.token_ids]
+    serving = whole[-1].model
+    assert whole[0].model == serving != ""  # a stream broken later still said whose tokens
+    request = tier_pb2.GenerateRequest(
+        request_id="other",
+        prompt=PROMPT,
+        max_tokens=MAX_TOKENS,
+        continue_token_ids=ids[:2],
+        continue_model="small/another-model",
+    )
+    async with grpc.aio.insecure_channel(tier.address) as channel:
+        stub = tier_pb2_grpc.TierServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            [c async for c in stub.Generate(request)]
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "small/another-model" in (refused.value.details() or "")
+        assert serving in (refused.value.details() or "")
+        request.continue_model = serving
+        rest = [c async for c in stub.Generate(request)]
+    assert [t for chunk in rest for t in chunk.token_ids] == ids[2:]
