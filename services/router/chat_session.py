@@ -138,6 +138,7 @@ class ChatSession:
         if broken is not None:
             request.continue_token_ids.extend(broken.token_ids)
             request.continue_text_chars = len(broken.text)
+            request.continue_model = broken.model  # a replica of another model refuses
         tier = opening.tier
         endpoint = self._tiers.pick(tier, self._tried()) or self._tiers.endpoints(tier)[0]
         call = TierCall(
@@ -222,7 +223,10 @@ class ChatSession:
             chunks = None
             result.call, result.complete, result.error = call, outcome.complete, outcome.error
             error = outcome.error
-            if error is None or error.code() not in FAILOVER_CODES:
+            if error is None or (  # a replica of another model refuses a continuation: on
+                error.code() not in FAILOVER_CODES
+                and not (continuing and error.code() == grpc.StatusCode.FAILED_PRECONDITION)
+            ):
                 for event in self._relay.broken_end(call, result.revision, outcome):
                     yield event
                 return

@@ -225,7 +225,7 @@ class TierCall:
         self.carried_tokens = 0  # tokens of a broken call this one continues (continue_from)
         self.usage: common_pb2.Usage | None = None
         self.finish_reason = ""
-        self.model = ""  # the answering model, "<tier>/<model>", from the tier's last chunk
+        self.model = ""  # the answering model, "<tier>/<model>", from the tier's chunks
         self.error: grpc.aio.AioRpcError | None = None  # the tier's failure, once read
         self.revision: int | None = None  # the revision it produced, once shown
         self.cancelled = False
@@ -262,10 +262,11 @@ class TierCall:
                 self.text += chunk.text
                 self.token_ids.extend(chunk.token_ids)
                 self.logprobs.extend(chunk.logprobs)
+                if chunk.model:  # on the first chunk with a token and on the last
+                    self.model = chunk.model
                 if chunk.finish_reason:
                     self.finish_reason = chunk.finish_reason
                     self.usage = self._answer_usage(chunk.usage)
-                    self.model = chunk.model
                 yield chunk
                 if watch is not None:
                     watch.waiting_since = loop.time()

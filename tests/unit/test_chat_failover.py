@@ -297,6 +297,23 @@ async def test_replica_dying_mid_answer_is_continued_by_another_replica() -> Non
     assert "medium" not in channels.calls
 
 
+async def test_a_continuation_names_its_model_and_one_refused_for_it_goes_on() -> None:
+    small_a = broken(ANSWER[:2], UNAVAILABLE, "killed")
+    first = small_a[0].chunk
+    assert first is not None
+    first.model = "small/old"  # the tier names its model on the first chunk with a token
+    other_model = failure(grpc.StatusCode.FAILED_PRECONDITION, "continue_model: small/new here")
+    scripts = {"small-a": small_a, "small-b": other_model, "medium": answer(ANSWER)}
+    channels = FakeTierChannels(scripts, SMALL_REPLICAS)
+    events = await run(plan(ROUTED, ("small",), ("medium",)), channels)
+    assert channels.calls["small"][1].request.continue_model == "small/old"
+    # small-b serves another model: the answer goes on on medium as a new revision
+    assert starts(events) == [(0, "small", None, 0), (1, "medium", 0, len("The price is"))]
+    answer_ = check_answer_is_its_revisions_deltas(events)
+    assert (answer_.revision, answer_.tier) == (1, "medium")
+    assert "FAILED_PRECONDITION: continue_model" in answer_.reason
+
+
 async def test_a_continuation_that_fails_too_goes_on_on_the_next_tier() -> None:
     scripts = {
         "small-a": broken(ANSWER[:2], UNAVAILABLE, "killed"),
