@@ -26,7 +26,15 @@ from services.workload.generator import (
     medium_answer,
     stream,
 )
-from services.workload.phrasings import NUMBER_WORDS, Transform, _lower, _punctuation, _typo, _upper
+from services.workload.phrasings import (
+    NUMBER_WORDS,
+    Transform,
+    _lower,
+    _punctuation,
+    _typo,
+    _upper,
+    greeted,
+)
 from services.workload.store import FALLBACK_ANSWER, POLICIES, Store
 
 AUGMENTED_CLASSES: tuple[RequestClass, ...] = ("simple", "medium")
@@ -267,10 +275,7 @@ UPPER_SHARE = 0.15  # of surface-noised texts: all in capitals (and nothing else
 
 
 def _greeting(text: str, _protected: frozenset[str], rng: random.Random) -> str:
-    greeting = rng.choice(TRAIN_GREETINGS)
-    if greeting.endswith(",") and not text.startswith("I "):
-        return f"{greeting} {text[0].lower()}{text[1:]}"
-    return f"{greeting} {text}"
+    return greeted(rng.choice(TRAIN_GREETINGS), text)
 
 
 def _context(text: str, _protected: frozenset[str], rng: random.Random) -> str:

@@ -165,11 +165,16 @@ def _typo(text: str, protected: frozenset[str], rng: random.Random) -> str:
     return " ".join(words)
 
 
-def _greeting(text: str, _protected: frozenset[str], rng: random.Random) -> str:
-    greeting = rng.choice(GREETINGS)
+def greeted(greeting: str, text: str) -> str:
+    """`text` after `greeting`; after one that ends in a comma, its first letter in lower case
+    (unless it is "I")."""
     if greeting.endswith(",") and not text.startswith("I "):
         return f"{greeting} {text[0].lower()}{text[1:]}"
     return f"{greeting} {text}"
+
+
+def _greeting(text: str, _protected: frozenset[str], rng: random.Random) -> str:
+    return greeted(rng.choice(GREETINGS), text)
 
 
 def _context(text: str, _protected: frozenset[str], rng: random.Random) -> str:
