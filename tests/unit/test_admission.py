@@ -10,6 +10,17 @@ from services.common.errors import Overloaded
 from services.tier.admission import Admission
 
 
+def holding(admission: Admission, release: asyncio.Event) -> asyncio.Task[None]:
+    """A task that takes a running slot of `admission` (queueing for it if it must) and keeps
+    it until `release` is set."""
+
+    async def hold() -> None:
+        async with admission.slot():
+            await release.wait()
+
+    return asyncio.create_task(hold())
+
+
 async def test_admission_queues_then_refuses() -> None:
     admission = Admission(max_running=1, max_queued=1)
     release = asyncio.Event()
@@ -39,13 +50,9 @@ async def test_cancelled_waiter_leaves_the_queue() -> None:
     admission = Admission(max_running=1, max_queued=1)
     release = asyncio.Event()
 
-    async def hold() -> None:
-        async with admission.slot():
-            await release.wait()
-
-    holder = asyncio.create_task(hold())
+    holder = holding(admission, release)
     await asyncio.sleep(0)
-    waiter = asyncio.create_task(hold())
+    waiter = holding(admission, release)
     await asyncio.sleep(0)
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):

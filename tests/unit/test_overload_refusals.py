@@ -16,6 +16,7 @@ from services.router.fallback import TiersFull, choose_with_fallback
 from services.router.policy import TierLoad
 from services.tier.admission import Admission, QueueRefused
 from services.tier.kv_pool import KvCachePool, PoolFull
+from tests.unit.test_admission import holding
 
 
 class Clock:
@@ -38,11 +39,7 @@ async def test_a_request_that_cannot_start_in_its_deadline_is_refused_at_once() 
     assert admission.hold_s == pytest.approx(3.0)
     release = asyncio.Event()
 
-    async def hold() -> None:
-        async with admission.slot():
-            await release.wait()
-
-    holders = [asyncio.create_task(hold()) for _ in range(2)]
+    holders = [holding(admission, release) for _ in range(2)]
     await asyncio.sleep(0)
     # no hand-over measured yet: one hold time per hand-over, as if the slots freed in turn
     assert admission.expected_wait_s() == pytest.approx(3.0)
@@ -51,7 +48,7 @@ async def test_a_request_that_cannot_start_in_its_deadline_is_refused_at_once() 
             pass
     assert refused.value.retry_after_s == pytest.approx(3.0)
     assert admission.queued == 0 and admission.rejected == 1
-    waiter = asyncio.create_task(hold())  # 3 s expected, within 5 s: it queues
+    waiter = holding(admission, release)  # 3 s expected, within 5 s: it queues
     await asyncio.sleep(0)
     assert admission.queued == 1
     assert admission.expected_wait_s() == pytest.approx(6.0)  # now second in line
@@ -64,11 +61,7 @@ async def test_a_queued_request_is_refused_when_its_wait_runs_out() -> None:
     admission.hold_s = 0.01  # so the estimate lets it queue
     release = asyncio.Event()
 
-    async def hold() -> None:
-        async with admission.slot():
-            await release.wait()
-
-    holder = asyncio.create_task(hold())
+    holder = holding(admission, release)
     await asyncio.sleep(0)
     with pytest.raises(QueueRefused, match=r"no running slot within 0\.10 s") as refused:
         async with admission.slot():  # the estimate was wrong: refused late, at 2x its wait
@@ -87,13 +80,9 @@ async def test_a_wait_longer_than_expected_corrects_the_estimate_at_once_and_aft
     await _hold_once(admission, clock, 1.0)  # held 1 s: one hand-over a second expected
     release = asyncio.Event()
 
-    async def hold() -> None:
-        async with admission.slot():
-            await release.wait()
-
-    holder = asyncio.create_task(hold())
+    holder = holding(admission, release)
     await asyncio.sleep(0)
-    waiter = asyncio.create_task(hold())  # expected to wait 1 s
+    waiter = holding(admission, release)  # expected to wait 1 s
     await asyncio.sleep(0)
     assert admission.expected_wait_s() == pytest.approx(2.0)  # second in line, as expected
     clock.now += 3.0  # the first in line has waited 3 s of its expected 1 s: x3 from now on
@@ -107,7 +96,7 @@ async def test_a_wait_longer_than_expected_corrects_the_estimate_at_once_and_aft
     await asyncio.gather(holder, waiter)
     assert admission.handover_s == pytest.approx(3.0)
     assert admission.wait_ratio == pytest.approx(1.4)  # 1 + 0.2 x (3 - 1)
-    holder = asyncio.create_task(hold())
+    holder = holding(admission, release)
     release.clear()
     await asyncio.sleep(0)
     assert admission.expected_wait_s() == pytest.approx(3.0 * 1.4)
@@ -121,11 +110,7 @@ async def test_the_retry_delay_of_a_full_queue_comes_from_the_measured_hold() ->
     await _hold_once(admission, clock, 0.4)
     release = asyncio.Event()
 
-    async def hold() -> None:
-        async with admission.slot():
-            await release.wait()
-
-    tasks = [asyncio.create_task(hold()) for _ in range(2)]
+    tasks = [holding(admission, release) for _ in range(2)]
     await asyncio.sleep(0)
     with pytest.raises(QueueRefused, match="queue full") as refused:
         async with admission.slot():
