@@ -208,7 +208,8 @@ class EngineSwitch:
             started = time.perf_counter()
             new = await self._load(path)
             loaded = time.perf_counter()
-            self._retiring.append(self._current)
+            old = self._current
+            self._retiring.append(old)
             self._current = _Serving(new)
             switched = time.perf_counter()
             record = self._note(
@@ -217,7 +218,7 @@ class EngineSwitch:
                 new_model_id=model_id(self._config.name, new.load().model),
                 load_s=loaded - started,
                 switch_s=switched - loaded,
-                streams_on_old=self._retiring[0].in_flight,
+                streams_on_old=old.in_flight,
             )
             log.info(
                 "tier %s: swapped %s -> %s (load %.2f s, switch %.3f ms); %d streams finish on "
@@ -229,7 +230,8 @@ class EngineSwitch:
                 record.switch_s * 1000,
                 record.streams_on_old,
             )
-            cut, freed = await self._retire(drain_s)
+            cut, freed = await self._retire(old, drain_s)
+            del old
             self._note(
                 records,
                 phase="done",
@@ -270,21 +272,23 @@ class EngineSwitch:
             raise SwapRefused(f"tier {self._config.name}: {why}") from e
         return engine
 
-    async def _retire(self, drain_s: float) -> tuple[int, int]:
-        """Waits for the swapped-out engine's streams (at most `drain_s`), stops it (streams
-        still running end with Unavailable) and frees its memory. Returns the streams cut at
-        the limit and the bytes freed."""
-        old = self._retiring[0]
+    async def _retire(self, old: _Serving, drain_s: float) -> tuple[int, int]:
+        """Waits for the swapped-out engine `old`'s streams (at most `drain_s`), stops it
+        (streams still running end with Unavailable) and frees its memory. Returns the streams
+        cut at the limit and the bytes freed. It leaves the retiring list even if its shutdown
+        raises, so a later swap never takes it for its own."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(drain_s):
                 await old.idle.wait()
         cut = old.in_flight
         load = old.engine.load()
         freed = load.weights_bytes + load.kv_pool_bytes
-        await old.engine.shutdown()
-        self._retiring.remove(old)
-        done, refused = self._counted_before
-        self._counted_before = (done + load.completed, refused + load.rejected)
+        try:
+            await old.engine.shutdown()
+        finally:
+            self._retiring.remove(old)
+            done, refused = self._counted_before
+            self._counted_before = (done + load.completed, refused + load.rejected)
         del old, load
         # Reference counting frees the engine, its weights and KV pool here; a full gc.collect()
         # would hold the interpreter for most of a second (a heap of torch and transformers),
