@@ -117,7 +117,9 @@ class Admission:
         if self.running + self.queued >= self.max_running + self.max_queued:
             raise self._refuse("queue full")
         raw = self._raw_wait_s()
-        if raw * self.correction() > budget:
+        # with a slot free nothing waits: a deadline already spent is the deadline's to end
+        # (DEADLINE_EXCEEDED at the caller), not a refusal for capacity the tier has
+        if raw > 0 and raw * self.correction() > budget:
             raise self._refuse(f"it could not start within {budget:.2f} s")
         limit = budget * LATE_FACTOR
         if deadline_s is not None:

@@ -61,3 +61,10 @@ async def test_cancelled_waiter_leaves_the_queue() -> None:
     release.set()
     await holder
     assert admission.running == 0
+
+
+async def test_a_free_slot_is_taken_even_by_a_request_whose_deadline_is_spent() -> None:
+    admission = Admission(max_running=1, max_queued=1)
+    async with admission.slot(deadline_s=-0.001):  # nothing to wait for: no capacity refusal
+        assert admission.running == 1
+    assert (admission.running, admission.rejected) == (0, 0)
