@@ -6,6 +6,7 @@ knows nothing of how a model is loaded or switched.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,20 +26,8 @@ ADMIN_SERVICE = tier_pb2.DESCRIPTOR.services_by_name["TierAdminService"].full_na
 
 
 def swap_to_proto(record: SwapRecord) -> tier_pb2.ModelSwap:
-    return tier_pb2.ModelSwap(
-        phase=record.phase,
-        model_path=record.model_path,
-        old_model_id=record.old_model_id,
-        new_model_id=record.new_model_id,
-        load_s=record.load_s,
-        switch_s=record.switch_s,
-        drain_s=record.drain_s,
-        streams_on_old=record.streams_on_old,
-        streams_cut=record.streams_cut,
-        freed_bytes=record.freed_bytes,
-        started_unix_s=record.started_unix_s,
-        error=record.error,
-    )
+    """The record as its message: SwapRecord's fields are ModelSwap's, name for name."""
+    return tier_pb2.ModelSwap(**dataclasses.asdict(record))
 
 
 class TierAdminServicer(tier_pb2_grpc.TierAdminServiceServicer):

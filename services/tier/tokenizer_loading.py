@@ -72,15 +72,20 @@ class IncrementalDetokenizer:
         self, tokenizer: Any, continued: Sequence[int] = (), continued_chars: int | None = None
     ) -> None:
         """`continued`: tokens of the text whose first `continued_chars` characters were sent
-        before (by another replica; None: all of their text but a split last character). The
-        first delta is the text after those characters."""
+        before (by another replica; already checked by the caller, as prepare_request does;
+        None: all of their text but a split last character). The first delta is the text after
+        those characters."""
         self._tokenizer = tokenizer
         self._ids: list[int] = list(continued)
         self._prefix = 0  # start of the previous window: decoded again for context only
         self._read = 0  # ids before this index are already text
         self._skip = 0  # characters of the next delta the reader has already
         if continued:
-            self._skip = continued_text_chars(tokenizer, continued, continued_chars)
+            self._skip = (
+                continued_text_chars(tokenizer, continued, None)
+                if continued_chars is None
+                else continued_chars
+            )
         self.text = ""
 
     def _decode(self, ids: list[int]) -> str:
