@@ -37,6 +37,8 @@ def toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str | Path):
         return f'"{value}"'
+    if isinstance(value, dict):  # an inline table
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
     return str(value)
 
 

@@ -154,8 +154,11 @@ async def test_tier_killed_mid_answer_is_continued_by_the_next_tier_with_no_toke
     # and long enough to be cut in the middle
     slow = build_tiny_model(tmp_path / "slow-model", layers=4, width=256)
     models = {"small": slow, "medium": slow, "large": tiny_model_dir}
+    # small's only fallback is medium: failover orders fallbacks by load, and a medium whose
+    # first load report is late on a busy machine would otherwise come after large
+    only_medium = {**ROUTER, "fallback": {"small": "medium", "medium": "small", "large": "medium"}}
     mesh = await start_process_mesh(
-        tmp_path / "mesh", models, tier_options=TIERS, router_options=ROUTER
+        tmp_path / "mesh", models, tier_options=TIERS, router_options=only_medium
     )
     try:
         async with AsyncRouterClient(mesh.address) as client:
