@@ -66,6 +66,16 @@ def fallback_chain(tier: str, config: RouterConfig) -> tuple[str, ...]:
     return tuple(chain)
 
 
+def fallback_order(
+    tier: str, loads: Loads, config: RouterConfig, down: Down = never_down
+) -> tuple[str, ...]:
+    """The tiers a failed call on `tier` moves on to: its fallback chain, those able to take a
+    call now first (each group in the configured order)."""
+    after = fallback_chain(tier, config)
+    able = [t for t in after if refusal(t, loads.get(t), config, down) is None]
+    return tuple(able + [t for t in after if t not in able])
+
+
 def choose_with_fallback(
     tier: str, loads: Loads, config: RouterConfig, down: Down = never_down
 ) -> tuple[str, str, tuple[str, ...]]:
@@ -91,9 +101,7 @@ def choose_with_fallback(
                 f"every tier full: {'; '.join(notes)}", retry_after_s=max(MIN_RETRY_S, wait_s)
             )
         return tier, f"; {'; '.join(notes)}; no tier available, trying {tier}", candidates[1:]
-    after = [t for t in fallback_chain(chosen, config) if t != chosen]
-    able = [t for t in after if refusal(t, loads.get(t), config, down) is None]
-    then = tuple(able + [t for t in after if t not in able])
+    then = fallback_order(chosen, loads, config, down)
     if chosen == tier:
         return tier, "", then
     return chosen, f"; {'; '.join(notes)} → fallback {chosen}", then

@@ -41,7 +41,7 @@ from services.router.chat_outcomes import UpstreamFailed
 from services.router.chat_plan import ChatPlan, SessionClock
 from services.router.chat_session import ChatSession
 from services.router.chat_telemetry import NO_TELEMETRY, chat_telemetry
-from services.router.fallback import choose_with_fallback, fallback_chain
+from services.router.fallback import choose_with_fallback, fallback_chain, fallback_order
 from services.router.learning import AnswersAgree, RoutingLessons
 from services.router.policy import Loads, RoutingInput, RoutingPolicy
 from services.router.tier_calls import TierClient
@@ -113,7 +113,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 raise InvalidArgument("tier: required with MODE_PINNED")
             tiers: tuple[str, ...] = (self._configured(request.tier, "tier"),)
             policy, reason = "pinned", f"pinned to {request.tier}"
-            fallbacks = choose_with_fallback(tiers[0], self._loads, config, self._down)[2]
+            choose_with_fallback(tiers[0], self._loads, config, self._down)  # TiersFull if all are
+            # a pinned call's failover follows its own tier's chain, whichever tier could take it
+            fallbacks = fallback_order(tiers[0], self._loads, config, self._down)
         elif mode == router_pb2.MODE_PROGRESSIVE:
             draft = self._configured(request.draft_tier or config.draft_tier, "draft_tier")
             refine = self._configured(request.refine_tier or config.refine_tier, "refine_tier")
@@ -124,7 +126,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             if gate != "always":
                 reason += f"; gate {gate} at draft confidence {config.min_draft_confidence:.2f}"
             reason += "".join(f"; {note}" for note in notes)
-            then = choose_with_fallback(tiers[-1], self._loads, config, self._down)[2]
+            choose_with_fallback(tiers[-1], self._loads, config, self._down)  # TiersFull if all are
+            then = fallback_order(tiers[-1], self._loads, config, self._down)
             # with a draft to keep, a refinement moves on only to tiers able to take it
             fallbacks = then if len(tiers) == 1 else tuple(t for t in then if not self._down(t))
         else:

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from tiermesh.v1 import router_pb2
+
 from services.common.config import RouterConfig
 from services.router.chat_events import TierCallEnded
-from services.router.fallback import choose_with_fallback, fallback_chain
+from services.router.fallback import choose_with_fallback, fallback_chain, fallback_order
 from services.router.outlier import OutlierDetector
-from services.router.policy import TierLoad
+from services.router.policy import InterimHeuristicPolicy, TierLoad
+from services.router.servicer import RouterServicer
 from services.router.tier_health import TierHealth
+from tests.fakes.fake_tier_channels import FakeTierChannels
 
 IDLE = TierLoad(True, 0, 0, 4, 16, 1.0, 2.0)
 CONFIG = RouterConfig()
@@ -90,6 +94,28 @@ def test_with_no_tier_available_the_chosen_one_is_tried_and_the_note_says_so() -
     tier, note, then = choose_with_fallback("small", loads, CONFIG)
     assert (tier, then) == ("small", ("medium", "large"))
     assert note.endswith("no tier available, trying small")
+
+
+def test_a_failed_call_moves_along_its_own_tiers_chain_whichever_tier_could_take_it() -> None:
+    # small's load unknown (its first report late) and medium's fallback is small: a call pinned
+    # to small that fails goes on to medium, small's own fallback, not along medium's chain
+    config = RouterConfig(fallback={"small": "medium", "medium": "small", "large": "medium"})
+    loads = {"small": None, "medium": IDLE, "large": IDLE}
+    assert fallback_order("small", loads, config) == ("medium",)
+    servicer = RouterServicer(config, FakeTierChannels({}), InterimHeuristicPolicy(), loads)
+    pinned = router_pb2.ChatRequest(prompt="hi", mode=router_pb2.MODE_PINNED, tier="small")
+    plan = servicer.plan(pinned)
+    assert (plan.tiers, plan.fallbacks) == (("small",), ("medium",))
+    # with the default order, medium down: large, the able one, comes first
+    loads = {"small": IDLE, "medium": replace(IDLE, serving=False), "large": IDLE}
+    servicer = RouterServicer(CONFIG, FakeTierChannels({}), InterimHeuristicPolicy(), loads)
+    assert servicer.plan(pinned).fallbacks == ("large", "medium")
+    # a refinement on large whose load is unknown moves on along large's chain, never to large
+    servicer = RouterServicer(CONFIG, FakeTierChannels({}), InterimHeuristicPolicy(), loads)
+    loads.update(medium=IDLE, large=None)
+    progressive = router_pb2.ChatRequest(prompt="hi", mode=router_pb2.MODE_PROGRESSIVE)
+    assert servicer.plan(progressive).tiers == ("small", "large")
+    assert servicer.plan(progressive).fallbacks == ("medium",)
 
 
 class Reports:
