@@ -32,6 +32,12 @@ class Overloaded(TiermeshError):
     status = "RESOURCE_EXHAUSTED"
 
 
+# ErrorInfo reasons of an overload refusal: at capacity for any caller, or refused only for the
+# request's own deadline, too short for the expected wait (a longer one would have been queued)
+AT_CAPACITY = "OVERLOADED"
+WAIT_PAST_DEADLINE = "WAIT_PAST_DEADLINE"
+
+
 class Unavailable(TiermeshError):
     """The service cannot take work now (loading, draining, shut down). Recoverable."""
 

@@ -78,7 +78,8 @@ _REASONS = {
 def error_details(error: TiermeshError) -> dict[str, Any]:
     """The details for one of our errors: the field an InvalidArgument names (its message reads
     "field: what was wrong"), a retry delay for overload, a stable reason for all."""
-    details: dict[str, Any] = {"reason": _REASONS.get(error.status, error.status)}
+    reason = getattr(error, "reason", "") or _REASONS.get(error.status, error.status)
+    details: dict[str, Any] = {"reason": reason}
     if isinstance(error, InvalidArgument):
         field, sep, _ = str(error).partition(": ")
         if sep and " " not in field:
@@ -86,6 +87,19 @@ def error_details(error: TiermeshError) -> dict[str, Any]:
     if isinstance(error, Overloaded):
         details["retry_after_s"] = getattr(error, "retry_after_s", OVERLOAD_RETRY_S)
     return details
+
+
+def error_reason(trailing_metadata: Any) -> str:
+    """The ErrorInfo reason among a failed call's google.rpc details ("" when none)."""
+    for key, value in trailing_metadata or ():
+        if key != "grpc-status-details-bin" or not isinstance(value, bytes):
+            continue
+        for detail in status_pb2.Status.FromString(value).details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                return str(info.reason)
+    return ""
 
 
 async def abort_error(context: Any, error: TiermeshError) -> None:

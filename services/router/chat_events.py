@@ -40,6 +40,7 @@ class TierCallEnded:
     usage: common_pb2.Usage | None = None  # the tier's usage, when it finished
     endpoint: str = ""  # the replica of the tier the call went to (its address)
     model: str = ""  # the model that answered, "<tier>/<model>", when the tier finished
+    reason: str = ""  # the ErrorInfo reason of the tier's failure, when it gave one
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import grpc
 from tiermesh.v1 import common_pb2, router_pb2
 
+from services.common.status_details import error_reason
 from services.router.chat_events import TierCallEnded
 from services.router.chat_plan import SessionClock
 from services.router.tier_calls import TierCall
@@ -97,13 +98,15 @@ def final_event(
 
 def ended_event(call: TierCall) -> TierCallEnded:
     """How the call ended for the router: its failure, its finish, or else cancelled."""
-    code, message = "CANCELLED", "cancelled by the router"
+    code, message, reason = "CANCELLED", "cancelled by the router", ""
     if call.error is not None:
         code, message = call.error.code().name, call.error.details() or ""
+        if code == "RESOURCE_EXHAUSTED":
+            reason = error_reason(call.error.trailing_metadata())
     elif call.finished:
         code, message = "OK", ""
     return TierCallEnded(
-        call.tier, call.request_id, code, message, call.usage, call.endpoint, call.model
+        call.tier, call.request_id, code, message, call.usage, call.endpoint, call.model, reason
     )
 
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
+from services.common.errors import WAIT_PAST_DEADLINE
 from services.router.chat_events import SessionEvent, TierCallEnded
 from services.router.outlier import OutlierDetector
 from services.router.policy import TierLoad
@@ -127,7 +128,8 @@ class TierHealth:
         if not isinstance(event, TierCallEnded):
             return
         endpoint = event.endpoint or event.tier
-        if event.code == "RESOURCE_EXHAUSTED":
+        # a refusal only for the caller's short deadline says nothing of room for others
+        if event.code == "RESOURCE_EXHAUSTED" and event.reason != WAIT_PAST_DEADLINE:
             self._reports.note_refusal(endpoint)
         if self._outliers is None:
             return

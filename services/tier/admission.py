@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from services.common.errors import Overloaded
+from services.common.errors import AT_CAPACITY, WAIT_PAST_DEADLINE, Overloaded
 
 MAX_WAIT_S = 5.0  # the longest a request without a shorter deadline is expected to wait
 LATE_FACTOR = 2.0  # a queued request is refused after this many times its budget (backstop)
@@ -35,11 +35,13 @@ RATIO_BOUNDS = (0.5, 4.0)  # the correction never goes past these
 
 
 class QueueRefused(Overloaded):
-    """Refused by admission; `retry_after_s` is the queue's expected wait."""
+    """Refused by admission; `retry_after_s` is the queue's expected wait, `reason` one of
+    AT_CAPACITY and WAIT_PAST_DEADLINE."""
 
-    def __init__(self, message: str, retry_after_s: float) -> None:
+    def __init__(self, message: str, retry_after_s: float, reason: str = AT_CAPACITY) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.reason = reason
 
 
 class Admission:
@@ -96,13 +98,15 @@ class Admission:
         how the expectation has compared with the waits seen."""
         return self._raw_wait_s() * self.correction()
 
-    def _refuse(self, why: str) -> QueueRefused:
+    def _refuse(self, why: str, deadline_bound: bool = False) -> QueueRefused:
+        """`deadline_bound`: only the request's own deadline refused it (no capacity verdict)."""
         self.rejected += 1
         wait = max(self.expected_wait_s(), self._per_handover_s())
         return QueueRefused(
             f"tier at capacity: {why} ({self.running} running, {self.queued} queued, limits "
             f"{self.max_running} and {self.max_queued}; expected wait {wait:.2f} s)",
             retry_after_s=wait,
+            reason=WAIT_PAST_DEADLINE if deadline_bound else AT_CAPACITY,
         )
 
     @asynccontextmanager
@@ -119,8 +123,10 @@ class Admission:
         raw = self._raw_wait_s()
         # with a slot free nothing waits: a deadline already spent is the deadline's to end
         # (DEADLINE_EXCEEDED at the caller), not a refusal for capacity the tier has
-        if raw > 0 and raw * self.correction() > budget:
-            raise self._refuse(f"it could not start within {budget:.2f} s")
+        expected = raw * self.correction()
+        if raw > 0 and expected > budget:
+            bound = expected <= self.max_wait_s  # a caller with a longer deadline would queue
+            raise self._refuse(f"it could not start within {budget:.2f} s", bound)
         limit = budget * LATE_FACTOR
         if deadline_s is not None:
             limit = min(limit, deadline_s * DEADLINE_SHARE)
@@ -135,7 +141,8 @@ class Admission:
                 await self._slots.acquire()
         except TimeoutError:
             self.late_refusals += 1
-            raise self._refuse(f"no running slot within {limit:.2f} s") from None
+            bound = limit < self.max_wait_s * LATE_FACTOR  # a caller without it would wait on
+            raise self._refuse(f"no running slot within {limit:.2f} s", bound) from None
         finally:
             self.queued -= 1
             del self._waiters[waiter]

@@ -10,6 +10,7 @@ import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tiermesh.client import AsyncRouterClient, ChatError
@@ -148,28 +149,72 @@ async def test_a_refused_chat_goes_on_only_to_a_tier_that_would_start_it_at_once
         await mesh.stop()
 
 
-async def test_a_tier_that_refused_is_full_to_the_router_until_its_next_load_report(
-    tmp_path: Path,
-) -> None:
-    """Once small has refused a chat, the router refuses the next ones itself (RESOURCE_EXHAUSTED
-    with a retry delay, `every tier full`), sending small nothing, until small reports its load
-    again (every 2 s here)."""
-    mesh = await start_mesh(
-        tmp_path,
-        tiers=("small",),
-        tier_options={
+def one_slot_small(max_queued: int) -> dict[str, Any]:
+    """start_mesh's options: small alone, an echo tier with one running slot, reporting its load
+    every 2 s; an answer of 200 tokens holds the slot for 10 s."""
+    return {
+        "tiers": ("small",),
+        "tier_options": {
             "engine": "echo",
             "echo_ttft_ms": 1.0,
             "echo_tokens_per_s": 20.0,
             "max_running": 1,
-            "max_queued": 4,
+            "max_queued": max_queued,
         },
-        router_options={
+        "router_options": {
             "load_watch_interval_ms": 2000,
             "load_stale_ms": 10000,
             "refine_tier": "small",
         },
-    )
+    }
+
+
+async def test_a_tier_that_refused_is_full_to_the_router_until_its_next_load_report(
+    tmp_path: Path,
+) -> None:
+    """Once small has refused a chat for capacity (its queue full since its last load report),
+    the router refuses the next ones itself (RESOURCE_EXHAUSTED with a retry delay, `every tier
+    full`), sending small nothing, until small reports its load again (every 2 s here)."""
+    mesh = await start_mesh(tmp_path, **one_slot_small(max_queued=1))
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            ready = asyncio.Event()
+            holder = asyncio.create_task(
+                hold_stream(client, ready, "Hello", mode="pinned", tier="small", max_tokens=200)
+            )
+            await asyncio.wait_for(ready.wait(), 10)
+            await _router_sees_running(mesh, "small", 1)  # just after a report: 2 s to the next
+            waiter = asyncio.create_task(client.chat("Hi", max_tokens=2, timeout=30))
+            while (await mesh.tier_status("small")).queued == 0:  # the queue's one place taken
+                await asyncio.sleep(0.02)
+            refusals: list[ChatError] = []
+            while len(refusals) < 12 and not any(
+                e.message.startswith("every tier full") for e in refusals
+            ):
+                with pytest.raises(ChatError) as refused:
+                    await client.chat("Hi", max_tokens=2, timeout=5)
+                refusals.append(refused.value)
+            holder.cancel()
+            assert (await waiter).tier == "small"  # queued, then answered
+        by_router = [e for e in refusals if e.message.startswith("every tier full")]
+        by_small = [e for e in refusals if e.message.startswith("tier small: ")]
+        assert by_router and len(by_router) + len(by_small) == len(refusals), refusals
+        assert [e.details.reason for e in by_small] == ["OVERLOADED"] * len(by_small)
+        assert "small refused a call at 1 running, 0 queued" in by_router[0].message
+        assert all(e.code == "RESOURCE_EXHAUSTED" for e in refusals)
+        assert all(e.retry_after_s is not None and e.retry_after_s > 0 for e in refusals)
+        assert (await mesh.tier_status("small")).rejected == len(by_small)
+    finally:
+        await mesh.stop()
+
+
+async def test_a_refusal_for_a_short_deadline_leaves_the_tier_open_to_longer_ones(
+    tmp_path: Path,
+) -> None:
+    """small refuses chats whose 0.8 s deadline is shorter than its expected wait (1 s: one
+    hold time) with WAIT_PAST_DEADLINE: the router still sends it the next ones (no `every tier
+    full` of its own), and a chat with time to wait is queued and answered."""
+    mesh = await start_mesh(tmp_path, **one_slot_small(max_queued=4))
     try:
         async with AsyncRouterClient(mesh.address) as client:
             ready = asyncio.Event()
@@ -179,19 +224,22 @@ async def test_a_tier_that_refused_is_full_to_the_router_until_its_next_load_rep
             await asyncio.wait_for(ready.wait(), 10)
             await _router_sees_running(mesh, "small", 1)
             refusals: list[ChatError] = []
-            while len(refusals) < 12 and not any(
-                e.message.startswith("every tier full") for e in refusals
-            ):
+            for _ in range(4):  # well within small's 2 s between load reports
                 with pytest.raises(ChatError) as refused:
                     await client.chat("Hi", max_tokens=2, timeout=0.8)
                 refusals.append(refused.value)
+            patient = asyncio.create_task(client.chat("Hi", max_tokens=2, timeout=30))
+            while (await mesh.tier_status("small")).queued == 0:
+                await asyncio.sleep(0.05)
             holder.cancel()
-        by_router = [e for e in refusals if e.message.startswith("every tier full")]
-        by_small = [e for e in refusals if e.message.startswith("tier small: ")]
-        assert by_router and len(by_router) + len(by_small) == len(refusals), refusals
-        assert "small refused a call at 1 running, 0 queued" in by_router[0].message
-        assert all(e.code == "RESOURCE_EXHAUSTED" for e in refusals)
-        assert all(e.retry_after_s is not None and e.retry_after_s > 0 for e in refusals)
-        assert (await mesh.tier_status("small")).rejected == len(by_small)
+            answer = await patient
+        assert [e.code for e in refusals] == ["RESOURCE_EXHAUSTED"] * 4
+        assert all(e.details.reason == "WAIT_PAST_DEADLINE" for e in refusals), refusals
+        assert all(
+            e.message.startswith("tier small: tier at capacity: it could not start")
+            for e in refusals
+        ), refusals
+        assert (await mesh.tier_status("small")).rejected == 4
+        assert answer.tier == "small" and answer.text
     finally:
         await mesh.stop()

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from services.common.config import RouterConfig
+from services.common.errors import AT_CAPACITY, WAIT_PAST_DEADLINE
 from services.router.fallback import TiersFull, choose_with_fallback
 from services.router.policy import TierLoad
 from services.tier.admission import Admission, QueueRefused
@@ -47,11 +48,17 @@ async def test_a_request_that_cannot_start_in_its_deadline_is_refused_at_once() 
         async with admission.slot(deadline_s=1.0):
             pass
     assert refused.value.retry_after_s == pytest.approx(3.0)
+    # only its own deadline refused it: a request without one would queue
+    assert refused.value.reason == WAIT_PAST_DEADLINE
     assert admission.queued == 0 and admission.rejected == 1
     waiter = holding(admission, release)  # 3 s expected, within 5 s: it queues
     await asyncio.sleep(0)
     assert admission.queued == 1
     assert admission.expected_wait_s() == pytest.approx(6.0)  # now second in line
+    with pytest.raises(QueueRefused, match=r"could not start within 5\.00 s") as refused:
+        async with admission.slot():  # 6 s is past the longest wait: at capacity for anyone
+            pass
+    assert refused.value.reason == AT_CAPACITY
     release.set()
     await asyncio.gather(*holders, waiter)
 
@@ -66,7 +73,7 @@ async def test_a_queued_request_is_refused_when_its_wait_runs_out() -> None:
     with pytest.raises(QueueRefused, match=r"no running slot within 0\.10 s") as refused:
         async with admission.slot():  # the estimate was wrong: refused late, at 2x its wait
             pass
-    assert refused.value.retry_after_s > 0
+    assert refused.value.retry_after_s > 0 and refused.value.reason == AT_CAPACITY
     assert admission.late_refusals == 1
     assert (admission.running, admission.queued) == (1, 0)
     release.set()
