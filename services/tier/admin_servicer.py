@@ -7,6 +7,7 @@ knows nothing of how a model is loaded or switched.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,7 +15,7 @@ import grpc
 from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
 from services.common.errors import TiermeshError
-from services.common.status_details import abort_error
+from services.common.status_details import abort_error, abort_with_details
 from services.security.api_key_auth import ApiKeyAuth
 from services.security.api_keys import KeyRing
 from services.security.settings import ServiceSecurity
@@ -23,6 +24,8 @@ from services.tier.model_swap import EngineSwitch, SwapRecord
 
 TIER_SERVICE = tier_pb2.DESCRIPTOR.services_by_name["TierService"].full_name
 ADMIN_SERVICE = tier_pb2.DESCRIPTOR.services_by_name["TierAdminService"].full_name
+
+log = logging.getLogger(__name__)
 
 
 def swap_to_proto(record: SwapRecord) -> tier_pb2.ModelSwap:
@@ -43,6 +46,10 @@ class TierAdminServicer(tier_pb2_grpc.TierAdminServiceServicer):
                 yield tier_pb2.SwapModelResponse(swap=swap_to_proto(record))
         except TiermeshError as e:
             await abort_error(context, e)
+        except Exception as e:  # never UNKNOWN: say what failed
+            log.exception("tier swap to %s failed", request.model_path)
+            message = f"swap to {request.model_path} failed ({type(e).__name__}: {e})"
+            await abort_with_details(context, grpc.StatusCode.INTERNAL, message, reason="INTERNAL")
 
 
 def tier_interceptors(security: ServiceSecurity) -> list[Any]:

@@ -230,7 +230,16 @@ class EngineSwitch:
                 record.switch_s * 1000,
                 record.streams_on_old,
             )
-            cut, freed = await self._retire(old, drain_s)
+            retire_error = ""
+            try:
+                cut, freed = await self._retire(old, drain_s)
+            except Exception as e:  # the new model serves all the same: the swap is done
+                log.exception("tier %s: stopping the old model failed", self._config.name)
+                cut, freed = old.in_flight, 0
+                retire_error = (
+                    f"{record.new_model_id} serves; stopping the old model {record.old_model_id} "
+                    f"failed ({type(e).__name__}: {e}), its memory may not be freed"
+                )
             del old
             self._note(
                 records,
@@ -238,6 +247,7 @@ class EngineSwitch:
                 drain_s=time.perf_counter() - switched,
                 streams_cut=cut,
                 freed_bytes=freed,
+                error=retire_error,
             )
             records.put_nowait(None)
         except BaseException as e:

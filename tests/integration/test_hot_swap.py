@@ -342,3 +342,41 @@ async def test_tiermesh_tier_swap_prints_one_json_object(
     assert await asyncio.to_thread(tiermesh, argv) == 1
     err = capsys.readouterr().err
     assert "INVALID_ARGUMENT" in err and str(new_model_dir / "nowhere") in err
+
+
+async def test_an_old_model_that_fails_to_stop_still_leaves_the_swap_done(
+    tier: TierServer, new_model_dir: Path
+) -> None:
+    old = tier.engine
+    real_shutdown = old.shutdown
+
+    async def failing_shutdown() -> None:  # the fault: the old engine's shutdown raises
+        raise RuntimeError("device busy")
+
+    old.shutdown = failing_shutdown  # type: ignore[method-assign]
+    try:
+        await _swap_with_a_failing_shutdown(tier, new_model_dir, old)
+    finally:
+        await real_shutdown()  # its batch thread would keep the test process alive
+
+
+async def _swap_with_a_failing_shutdown(tier: TierServer, new_model_dir: Path, old: object) -> None:
+    async with grpc.aio.insecure_channel(tier.address) as channel:
+        admin = tier_pb2_grpc.TierAdminServiceStub(channel)
+        call = admin.SwapModel(tier_pb2.SwapModelRequest(model_path=str(new_model_dir)))
+        records = [response.swap async for response in call]
+        assert await call.code() == grpc.StatusCode.OK
+        answer = await _answer(tier_pb2_grpc.TierServiceStub(channel), "after", PROMPTS[0])
+    assert [r.phase for r in records] == ["loading", "switched", "done"]
+    done = records[-1]
+    assert done.error.startswith(f"small/{new_model_dir.name} serves; stopping the old model")
+    assert "RuntimeError: device busy" in done.error and done.freed_bytes == 0
+    assert tier.engine is not old and answer == (await _reference(new_model_dir))[0]
+    # the next swap is not blocked by the old engine's failure
+    async with grpc.aio.insecure_channel(tier.address) as channel:
+        admin = tier_pb2_grpc.TierAdminServiceStub(channel)
+        again = [
+            r.swap
+            async for r in admin.SwapModel(tier_pb2.SwapModelRequest(model_path=str(new_model_dir)))
+        ]
+    assert [r.phase for r in again] == ["loading", "switched", "done"] and not again[-1].error
