@@ -11,9 +11,8 @@ as revision 1 replacing the draft; if it fails or runs over its budget, the draf
 Every upstream call still running when the session ends (client gone, error, deadline) is
 cancelled.
 
-Failover: a failed call moves on to another replica of its tier while one is left untried
-and able (one that reads as down only when no tier is left), then along the plan's `fallbacks`
-(each tier at most once). One that fails before its first
+Failover: a failed call moves on to another replica of its tier while one is left untried,
+then along the plan's `fallbacks` (each tier at most once). One that fails before its first
 chunk is retried there unseen, in the same revision (on another tier only once, and only for
 ROUTED chats and refinements). One that fails after streaming is continued by another replica of
 its tier in the same revision (the replica prefills the prompt and the tokens already sent and
@@ -72,22 +71,18 @@ class ChatSession:
         call_timeout_s: float | None = None,
         stall_s: float | None = None,
         room: Callable[[str, Collection[str]], bool] | None = None,
-        endpoint_down: Callable[[str], str | None] = lambda endpoint: None,
     ) -> None:
         """Tier calls carry the client's deadline, else `call_timeout_s` (None: none); a call
         with no chunk for `stall_s` fails (None: never). `room(tier, tried)`: whether a replica
         of the tier, none of those tried, would start a call at once; a call refused for
         overload (RESOURCE_EXHAUSTED) moves on only to such a tier, else the refusal is the
-        answer (None: it moves on like any failure). `endpoint_down(replica)`: why the replica
-        may not take a call now (None: it may); a failed call moves on to such a replica of its
-        tier only when no fallback tier is left."""
+        answer (None: it moves on like any failure)."""
         self._plan = plan
         self._tiers = tiers
         self._refine_budget_s = refine_budget_s
         self._call_timeout_s = call_timeout_s
         self._stall_s = stall_s
         self._room = room
-        self._endpoint_down = endpoint_down
         self._refine_deadline: float | None = None
         self._deadline = None if time_remaining_s is None else clock.start + time_remaining_s
         self._clock = clock
@@ -237,23 +232,21 @@ class ChatSession:
                 return
             tried = self._tried()
             room = self._room if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else None
-            called = {c.tier for c in self._calls}
-            left = [
-                tier
-                for tier in self._plan.fallbacks
-                if tier not in called and (room is None or room(tier, tried))
-            ]
-            untried = [e for e in self._tiers.endpoints(call.tier) if e not in tried]
-            # a replica that reads as down is tried only when no other tier is left
-            if (
-                any(self._endpoint_down(e) is None for e in untried) or (untried and not left)
-            ) and (room is None or room(call.tier, tried)):
+            if any(e not in tried for e in self._tiers.endpoints(call.tier)) and (
+                room is None or room(call.tier, tried)
+            ):
                 after, where = call.tier, f"another {call.tier} replica"
-            elif not left:
-                for event in self._relay.broken_end(call, result.revision, outcome):
-                    yield event
-                return
             else:
+                called = {c.tier for c in self._calls}
+                left = [
+                    tier
+                    for tier in self._plan.fallbacks
+                    if tier not in called and (room is None or room(tier, tried))
+                ]
+                if not left:
+                    for event in self._relay.broken_end(call, result.revision, outcome):
+                        yield event
+                    return
                 after = where = left[0]
             who = f"{self._who(call)} failed"
             continuing = outcome.started and after == call.tier

@@ -357,31 +357,3 @@ async def test_progressive_without_its_draft_tier_is_answered_by_the_refine_tier
         "answered by medium"
     )
     assert refinement(events) == []
-
-
-def small_b_down(endpoint: str) -> str | None:
-    return "small-b load stream broken" if endpoint == "small-b" else None
-
-
-@pytest.mark.parametrize("fallbacks", [("medium",), ()])
-async def test_a_replica_reading_as_down_is_tried_only_when_no_tier_is_left(
-    fallbacks: tuple[str, ...],
-) -> None:
-    scripts = {"small-a": broken(ANSWER[:2], UNAVAILABLE, "killed"), "small": answer(ANSWER)}
-    scripts["medium"] = answer(ANSWER)
-    channels = FakeTierChannels(scripts, SMALL_REPLICAS)
-    chat = plan(ROUTED, ("small",), fallbacks)
-    session = ChatSession(
-        chat, channels, 1.0, None, SessionClock(), 5.0, endpoint_down=small_b_down
-    )
-    events = [event async for event in session.events()]
-    answer_ = check_answer_is_its_revisions_deltas(events)
-    tried = [c.endpoint for c in channels.calls["small"]]
-    if fallbacks:  # medium is left: the broken answer goes on there, small-b is not called
-        assert tried == ["small-a"] and "medium" in channels.calls
-        assert starts(events) == [(0, "small", None, 0), (1, "medium", 0, len("The price is"))]
-        assert (answer_.revision, answer_.tier) == (1, "medium")
-    else:  # nothing else left: small-b, down or not, continues the answer
-        assert tried == ["small-a", "small-b"]
-        assert starts(events) == [(0, "small", None, 0)]
-        assert (answer_.revision, answer_.tier, answer_.text) == (0, "small", "The price is $5")
