@@ -139,6 +139,7 @@ class ChatSession:
             request.continue_token_ids.extend(broken.token_ids)
             request.continue_text_chars = len(broken.text)
             request.continue_model = broken.model  # a replica of another model refuses
+            request.continue_model_fingerprint = broken.model_fingerprint
         tier = opening.tier
         endpoint = self._tiers.pick(tier, self._tried()) or self._tiers.endpoints(tier)[0]
         call = TierCall(

@@ -226,6 +226,7 @@ class TierCall:
         self.usage: common_pb2.Usage | None = None
         self.finish_reason = ""
         self.model = ""  # the answering model, "<tier>/<model>", from the tier's chunks
+        self.model_fingerprint = ""  # its checkpoint's fingerprint, sent with `model`
         self.error: grpc.aio.AioRpcError | None = None  # the tier's failure, once read
         self.revision: int | None = None  # the revision it produced, once shown
         self.cancelled = False
@@ -236,6 +237,9 @@ class TierCall:
         self.text, self.token_ids = broken.text, list(broken.token_ids)
         self.logprobs = list(broken.logprobs)
         self.carried_tokens = len(broken.token_ids)
+        # whose tokens they are, until this call's own chunks say (a continuation that breaks
+        # before its first chunk passes them on)
+        self.model, self.model_fingerprint = broken.model, broken.model_fingerprint
 
     def _answer_usage(self, usage: common_pb2.Usage) -> common_pb2.Usage:
         """The tier's usage, with a continued answer's carried tokens counted as completion
@@ -264,6 +268,7 @@ class TierCall:
                 self.logprobs.extend(chunk.logprobs)
                 if chunk.model:  # on the first chunk with a token and on the last
                     self.model = chunk.model
+                    self.model_fingerprint = chunk.model_fingerprint
                 if chunk.finish_reason:
                     self.finish_reason = chunk.finish_reason
                     self.usage = self._answer_usage(chunk.usage)

@@ -63,6 +63,7 @@ class GenerationChunk:
     # the model that answered (the load snapshot's model), on the first chunk that carries a
     # token and on the last chunk: a stream that began before a model swap names the old model
     model: str = ""
+    model_fingerprint: str = ""  # with model: its checkpoint's fingerprint ("" if none)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class EngineLoad:
     # share of the last 5 s the batched decode loop spent in forward passes, in [0, 1]; 0 when
     # the engine has no such loop
     decode_busy_share: float = 0.0
+    model_fingerprint: str = ""  # the checkpoint's (model_fingerprint.py); "" for no folder
 
 
 class Engine(Protocol):

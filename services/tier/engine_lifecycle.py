@@ -9,6 +9,7 @@ torch, gRPC, protobuf or OpenTelemetry.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import statistics
 import time
@@ -116,11 +117,22 @@ class EngineLifecycle(ABC):
         self._completed = 0
         self._closing = False
         self._model_name = ""  # the loaded model's name, put on the chunks that answer
+        self._model_fingerprint = ""  # and its checkpoint's fingerprint
 
     async def start(self) -> None:
         """Loads the model. Raises on failure; the tier stays NOT_SERVING."""
         self._prompt_format = await self._start_model()
         self._model_name = self._footprint().model
+        self._model_fingerprint = await asyncio.to_thread(self._fingerprint_model)
+
+    def _fingerprint_model(self) -> str:
+        """The loaded checkpoint's fingerprint (model_fingerprint.py); "" for an engine with no
+        model folder. Runs in a thread once the model is loaded."""
+        return ""
+
+    def _named(self, chunk: GenerationChunk) -> GenerationChunk:
+        """The chunk naming the model that answers it, and its checkpoint."""
+        return replace(chunk, model=self._model_name, model_fingerprint=self._model_fingerprint)
 
     def check_health(self) -> None:
         if self._prompt_format is None:
@@ -162,10 +174,10 @@ class EngineLifecycle(ABC):
                     chunk = meter.observe(decoded)
                     if first and meter.ttft_ms is not None:
                         self._ttfts.add(meter.ttft_ms)
-                        chunk = replace(chunk, model=self._model_name)
+                        chunk = self._named(chunk)
                     if chunk.finish_reason is not None:
                         self._completed += 1
-                        chunk = replace(chunk, model=self._model_name)
+                        chunk = self._named(chunk)
                         finished = True
                     yield chunk
             if not finished and self._closing:  # stopped under it: never end as if complete
@@ -198,6 +210,7 @@ class EngineLifecycle(ABC):
             max_prompt_tokens=cfg.max_prompt_tokens,
             max_tokens=cfg.max_tokens,
             decode_busy_share=footprint.decode_busy_share,
+            model_fingerprint=self._model_fingerprint,
         )
 
     async def shutdown(self) -> None:

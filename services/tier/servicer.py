@@ -109,6 +109,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
         usage: GenerationUsage | None = None
         finish: str | None = None
         answering = ""  # the model that answers, from the engine's chunks (it may be swapped)
+        fingerprint = ""  # and its checkpoint's fingerprint
         status, message = "OK", ""
         try:
             generation = self._request(request, context.time_remaining())
@@ -119,7 +120,8 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
                     if first_token_ns is None:
                         first_token_ns = time.time_ns()
                     usage, finish = chunk.usage or usage, chunk.finish_reason or finish
-                    answering = chunk.model or answering
+                    if chunk.model:
+                        answering, fingerprint = chunk.model, chunk.model_fingerprint
                     self._recent.add_tokens(len(chunk.token_ids))
                     yield tier_pb2.GenerateChunk(
                         token_ids=chunk.token_ids,
@@ -128,6 +130,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
                         finish_reason=chunk.finish_reason or "",
                         usage=usage_to_proto(chunk.usage) if chunk.usage else None,
                         model=self._model_id(answering) if chunk.model else "",
+                        model_fingerprint=fingerprint if chunk.model else "",
                     )
         except TiermeshError as e:
             status, message = e.status, str(e)
@@ -158,11 +161,18 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
         be read with this model's tokenizer."""
         if not request.continue_token_ids or not request.continue_model:
             return
-        serving = self._model_id("")
+        load = self._engine.load()
+        serving = self._model_id(load.model)
         if request.continue_model != serving:
             raise OtherModel(
                 f"continue_model: the tokens are {request.continue_model}'s, this replica serves "
                 f"{serving}"
+            )
+        theirs, ours = request.continue_model_fingerprint, load.model_fingerprint
+        if theirs and ours and theirs != ours:
+            raise OtherModel(
+                f"continue_model_fingerprint: the tokens are checkpoint {theirs}'s of {serving}, "
+                f"this replica serves checkpoint {ours} under that name"
             )
 
     def _model_id(self, model: str) -> str:
@@ -196,6 +206,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
             params=load.params,
             decode_busy_share=load.decode_busy_share,
             model_id=model_id(self._tier, load.model),
+            model_fingerprint=load.model_fingerprint,
             startup_phases=[
                 tier_pb2.StartupPhase(name=name, seconds=seconds)
                 for name, seconds in self.startup.phases

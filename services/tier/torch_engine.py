@@ -30,6 +30,7 @@ from services.tier.decode import decode_tokens
 from services.tier.engine import GenerationChunk
 from services.tier.engine_lifecycle import EngineLifecycle, ModelFootprint
 from services.tier.kv_pool import KvCachePool, PoolFull
+from services.tier.model_fingerprint import folder_fingerprint
 from services.tier.model_loading import LoadedModel, load_causal_lm
 from services.tier.pooled_models import pooled_passes
 from services.tier.prepared_request import PreparedRequest, PromptFormat
@@ -58,6 +59,9 @@ class TorchEngine(EngineLifecycle):
     @property
     def batching(self) -> bool:
         return self._scheduler is not None
+
+    def _fingerprint_model(self) -> str:
+        return folder_fingerprint(self._config.model_path)
 
     async def _start_model(self) -> PromptFormat:
         torch.set_num_threads(self._config.torch_threads)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
 from services.common.config import TierConfig, build_config
 from services.tier.server import TierServer, start_tier
+from tests.tiny_model import build_tiny_model
 
 PROMPT = "What is your return policy?"
 MAX_TOKENS = 20
@@ -119,3 +121,49 @@ async def test_tokens_of_another_model_are_refused_and_the_first_chunk_names_the
         request.continue_model = serving
         rest = [c async for c in stub.Generate(request)]
     assert [t for chunk in rest for t in chunk.token_ids] == ids[2:]
+
+
+async def test_tokens_of_another_checkpoint_under_the_same_name_are_refused(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # three replicas answering as small/<name>: one a copy of the checkpoint that generated the
+    # tokens (elsewhere on disk), one other weights in a folder of the same name
+    same = shutil.copytree(tiny_model_dir, tmp_path / "copy" / tiny_model_dir.name)
+    other = build_tiny_model(tmp_path / "retrained" / tiny_model_dir.name, seed=1)
+    servers = [
+        await start_tier(build_config(TierConfig, {"name": "small", "model_path": str(path)}))
+        for path in (tiny_model_dir, same, other)
+    ]
+    try:
+        original, copy, retrained = servers
+        whole = await generate(original)
+        first = whole[0]
+        assert (
+            len(first.model_fingerprint) == 16
+            and whole[-1].model_fingerprint == first.model_fingerprint
+        )
+        ids = [t for chunk in whole for t in chunk.token_ids]
+        request = tier_pb2.GenerateRequest(
+            request_id="continued",
+            prompt=PROMPT,
+            max_tokens=MAX_TOKENS,
+            continue_token_ids=ids[:2],
+            continue_model=first.model,
+            continue_model_fingerprint=first.model_fingerprint,
+        )
+        async with grpc.aio.insecure_channel(retrained.address) as channel:
+            stub = tier_pb2_grpc.TierServiceStub(channel)
+            status = await stub.GetStatus(tier_pb2.GetStatusRequest())
+            assert status.model_id == first.model  # the same name ...
+            assert status.model_fingerprint not in ("", first.model_fingerprint)  # ... not weights
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                [c async for c in stub.Generate(request)]
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "continue_model_fingerprint" in (refused.value.details() or "")
+        assert first.model_fingerprint in (refused.value.details() or "")
+        async with grpc.aio.insecure_channel(copy.address) as channel:
+            rest = [c async for c in tier_pb2_grpc.TierServiceStub(channel).Generate(request)]
+        assert [t for chunk in rest for t in chunk.token_ids] == ids[2:]
+    finally:
+        for server in servers:
+            await server.stop(0)

@@ -302,11 +302,16 @@ async def test_a_continuation_names_its_model_and_one_refused_for_it_goes_on() -
     first = small_a[0].chunk
     assert first is not None
     first.model = "small/old"  # the tier names its model on the first chunk with a token
+    first.model_fingerprint = "0123456789abcdef"  # and its checkpoint
     other_model = failure(grpc.StatusCode.FAILED_PRECONDITION, "continue_model: small/new here")
     scripts = {"small-a": small_a, "small-b": other_model, "medium": answer(ANSWER)}
     channels = FakeTierChannels(scripts, SMALL_REPLICAS)
     events = await run(plan(ROUTED, ("small",), ("medium",)), channels)
-    assert channels.calls["small"][1].request.continue_model == "small/old"
+    continued = channels.calls["small"][1].request
+    assert (continued.continue_model, continued.continue_model_fingerprint) == (
+        "small/old",
+        "0123456789abcdef",
+    )
     # small-b serves another model: the answer goes on on medium as a new revision
     assert starts(events) == [(0, "small", None, 0), (1, "medium", 0, len("The price is"))]
     answer_ = check_answer_is_its_revisions_deltas(events)
