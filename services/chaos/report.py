@@ -11,6 +11,7 @@ requests are counted in its fault's entry. Knows the run's records; nothing of h
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -116,6 +117,7 @@ def build_report(
             "ttft_ms_p99": _ms(percentile(ttfts, 0.99)),
         },
         "failure_examples": _failure_examples(records),
+        "failure_paths": _failure_paths(records, traces),
         "tokens": account.to_json(),
         "availability": round(completed / len(records), 5) if records else None,
         "memory": dict(memory.peak),
@@ -157,6 +159,35 @@ def _failure_examples(records: Sequence[RequestRecord]) -> dict[str, str]:
         if record.status != OK:
             examples.setdefault(record.status, record.error[:300])
     return examples
+
+
+FAILURE_PATHS = 12  # the most frequent paths reported
+
+
+def failure_path(record: RequestRecord, trace: StreamTrace | None) -> str:
+    """How a failed chat went, as the client saw it: each revision's tier and the tokens it
+    streamed ("!" when it broke), then the status and the tier the error names, e.g.
+    `small 12! > medium 0 | UNAVAILABLE tier medium`. Tiers and counts only, so paths group."""
+    revisions = [trace.revisions[n] for n in sorted(trace.revisions)] if trace else []
+    steps = [
+        f"{r.tier or '?'} {len(r.token_ids)}{'!' if r.finish_reason == 'error' else ''}"
+        for r in revisions
+    ]
+    named = re.match(r"(tier \S+?):", record.error)
+    where = f" {named.group(1)}" if named else ""
+    return f"{' > '.join(steps) or 'no revision'} | {record.status}{where}"
+
+
+def _failure_paths(
+    records: Sequence[RequestRecord], traces: Mapping[str, StreamTrace]
+) -> dict[str, int]:
+    """The most frequent failure paths (failure_path) and how many chats took each."""
+    paths = Counter(
+        failure_path(record, traces.get(f"bench-chaos-{record.index}"))
+        for record in records
+        if record.status != OK
+    )
+    return dict(paths.most_common(FAILURE_PATHS))
 
 
 def _mib(value: int | None) -> str:

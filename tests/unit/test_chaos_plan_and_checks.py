@@ -9,6 +9,7 @@ import pytest
 from tiermesh.client import DeltaEvent, FinalEvent
 from tiermesh.client.events import RevisionEndEvent, RevisionStartEvent
 
+from services.bench.loadgen import RequestRecord
 from services.chaos.checks import account_tokens, token_diff
 from services.chaos.faults import (
     FaultPlanError,
@@ -20,6 +21,7 @@ from services.chaos.faults import (
 from services.chaos.injector import refusal_source
 from services.chaos.loop_lag import LoopLag
 from services.chaos.recording import StreamTrace
+from services.chaos.report import failure_path
 
 PROCESSES = {"small": ["small", "small-2"], "medium": ["medium"], "large": ["large"]}
 
@@ -127,3 +129,16 @@ def test_a_break_continued_in_the_same_revision_is_timed_by_its_longest_pause() 
     trace.observe(FinalEvent(0, "small", "aaaaaa", reason, 1, [], {}), 0.9)
     assert trace.continuation_gaps_s() == pytest.approx([0.48, 0.28])
     assert trace.failovers() == []  # no revision broke
+
+
+def test_a_failed_chat_is_summed_up_by_its_path() -> None:
+    # small broke after two tokens, medium failed before its first: one path, grouped by tier
+    trace = _trace("p", [("small", [("a", 1), ("b", 2)], "error"), ("medium", [], "error")])
+    record = RequestRecord(
+        7, "item", "simple", 0.0, status="UNAVAILABLE", error="tier medium: Stream removed"
+    )
+    assert failure_path(record, trace) == "small 2! > medium 0! | UNAVAILABLE tier medium"
+    refused = RequestRecord(
+        8, "item", "simple", 0.0, status="RESOURCE_EXHAUSTED", error="every tier full"
+    )
+    assert failure_path(refused, None) == "no revision | RESOURCE_EXHAUSTED"
