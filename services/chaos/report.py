@@ -165,12 +165,12 @@ FAILURE_PATHS = 12  # the most frequent paths reported
 
 
 def failure_path(record: RequestRecord, trace: StreamTrace | None) -> str:
-    """How a failed chat went, as the client saw it: each revision's tier and the tokens it
-    streamed ("!" when it broke), then the status and the tier the error names, e.g.
-    `small 12! > medium 0 | UNAVAILABLE tier medium`. Tiers and counts only, so paths group."""
+    """How a failed chat went, as the client saw it: each revision's tier, whether it streamed
+    tokens (`>0` or `0`) and `!` when it broke, then the status and the tier the error names,
+    e.g. `small >0! > medium 0! | UNAVAILABLE tier medium`. No counts, so paths group."""
     revisions = [trace.revisions[n] for n in sorted(trace.revisions)] if trace else []
     steps = [
-        f"{r.tier or '?'} {len(r.token_ids)}{'!' if r.finish_reason == 'error' else ''}"
+        f"{r.tier or '?'} {'>0' if r.token_ids else '0'}{'!' if r.finish_reason == 'error' else ''}"
         for r in revisions
     ]
     named = re.match(r"(tier \S+?):", record.error)

@@ -137,7 +137,7 @@ def test_a_failed_chat_is_summed_up_by_its_path() -> None:
     record = RequestRecord(
         7, "item", "simple", 0.0, status="UNAVAILABLE", error="tier medium: Stream removed"
     )
-    assert failure_path(record, trace) == "small 2! > medium 0! | UNAVAILABLE tier medium"
+    assert failure_path(record, trace) == "small >0! > medium 0! | UNAVAILABLE tier medium"
     refused = RequestRecord(
         8, "item", "simple", 0.0, status="RESOURCE_EXHAUSTED", error="every tier full"
     )
