@@ -18,7 +18,19 @@ from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
 
 from services.common import grpc_service
 
-CHANNEL_OPTIONS = grpc_service.CHANNEL_OPTIONS
+# A restarted replica is found again within 250 ms: a failed call moves on to the tier's other
+# replicas, so a channel still waiting out a longer reconnect backoff (the shared 1 s) turns a
+# replica that is back into "failed to connect" for a continuation sent to it. A connection
+# attempt to a dead replica four times a second costs little.
+TIER_RECONNECT_BACKOFF_MS = 250
+CHANNEL_OPTIONS = [
+    *(
+        option
+        for option in grpc_service.CHANNEL_OPTIONS
+        if option[0] != "grpc.max_reconnect_backoff_ms"
+    ),
+    ("grpc.max_reconnect_backoff_ms", TIER_RECONNECT_BACKOFF_MS),
+]
 # gRPC's own retries (gRFC A6) of a tier call on the same target: they happen only before the
 # tier's first response (its headers or first chunk), so a retried call never repeats a token.
 # With an xds:/// target the mesh's route sets the policy (the topology's `retry`); with plain
