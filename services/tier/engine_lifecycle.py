@@ -23,7 +23,12 @@ from services.common.errors import Unavailable
 from services.common.percentiles import percentile
 from services.tier.admission import Admission
 from services.tier.engine import EngineLoad, GenerationChunk, GenerationRequest, GenerationUsage
-from services.tier.prepared_request import PreparedRequest, PromptFormat, prepare_request
+from services.tier.prepared_request import (
+    PreparedRequest,
+    PromptFormat,
+    held_back_text,
+    prepare_request,
+)
 
 Clock = Callable[[], float]  # seconds, monotonic (time.perf_counter)
 
@@ -130,6 +135,17 @@ class EngineLifecycle(ABC):
         model folder. Runs in a thread once the model is loaded."""
         return ""
 
+    def _finished_continuation(self, prepared: PreparedRequest, received: float) -> GenerationChunk:
+        """The last chunk of an answer whose tokens the caller sent all of (its stream broke
+        before the tier's last chunk): nothing to decode, only the text still held back and the
+        usage, finished by length."""
+        assert self._prompt_format is not None
+        self._completed += 1
+        elapsed_ms = (time.perf_counter() - received) * 1000
+        usage = GenerationUsage(len(prepared.prompt_ids), 0, 0.0, 0.0, elapsed_ms)
+        text = held_back_text(prepared, self._prompt_format)
+        return GenerationChunk((), text, (), finish_reason="length", usage=usage)
+
     def _named(self, chunk: GenerationChunk) -> GenerationChunk:
         """The chunk naming the model that answers it, and its checkpoint."""
         return replace(chunk, model=self._model_name, model_fingerprint=self._model_fingerprint)
@@ -160,6 +176,9 @@ class EngineLifecycle(ABC):
         that the engine's shutdown ended before its last chunk raises Unavailable."""
         received = time.perf_counter()
         prepared = self.prepare(request)
+        if prepared.max_tokens == 0:  # a continuation of an answer that is max_tokens long
+            yield self._named(self._finished_continuation(prepared, received))
+            return
         deadline_s = request.deadline_s
         if deadline_s is not None:
             deadline_s -= time.perf_counter() - received

@@ -12,7 +12,12 @@ from typing import Any
 
 from services.common.errors import InvalidArgument
 from services.tier.engine import GenerationRequest, Sampling
-from services.tier.tokenizer_loading import continued_text_chars, encode_prompt, render_prompt
+from services.tier.tokenizer_loading import (
+    continued_text_chars,
+    decode_text,
+    encode_prompt,
+    render_prompt,
+)
 
 STOP = "stop"  # the model ended the text (an end-of-sequence token, or its decoder stopped)
 LENGTH = "length"  # max_tokens were generated
@@ -133,10 +138,10 @@ def check_continued(
                 "continue_token_ids is empty"
             )
         return (), 0
-    if len(continued) >= request.max_tokens:
+    if len(continued) > request.max_tokens:
         raise InvalidArgument(
-            f"continue_token_ids: {len(continued)} tokens leave none of max_tokens "
-            f"{request.max_tokens} to generate"
+            f"continue_token_ids: {len(continued)} tokens are more than max_tokens "
+            f"{request.max_tokens}"
         )
     vocab = prompt_format.vocab_size or len(prompt_format.tokenizer)
     for index, token in enumerate(continued):
@@ -154,3 +159,8 @@ def check_continued(
     except ValueError as e:
         raise InvalidArgument(f"continue_text_chars: {e}") from None
     return tuple(continued), chars
+
+
+def held_back_text(prepared: PreparedRequest, prompt_format: PromptFormat) -> str:
+    """The text of the continued tokens the caller does not have yet (a character they split)."""
+    return decode_text(prompt_format.tokenizer, prepared.continued)[prepared.continued_chars :]

@@ -65,11 +65,26 @@ async def test_a_continued_greedy_answer_equals_the_unbroken_one(tier: TierServe
         assert rest[-1].usage.prompt_tokens == whole[-1].usage.prompt_tokens + k
 
 
+async def test_a_continuation_of_a_whole_answer_gets_its_last_chunk_at_once(
+    tier: TierServer,
+) -> None:
+    # the stream broke after its last token but before its last chunk: all max_tokens are sent
+    whole = await generate(tier)
+    ids = [t for chunk in whole for t in chunk.token_ids]
+    text = "".join(chunk.text for chunk in whole)
+    assert whole[-1].finish_reason == "length" and len(ids) == MAX_TOKENS
+    last = await generate(tier, ids, len(text), request_id="whole")
+    assert [(c.token_ids, c.text, c.finish_reason) for c in last] == [([], "", "length")]
+    assert last[0].usage.completion_tokens == 0
+    assert last[0].usage.prompt_tokens == whole[-1].usage.prompt_tokens + MAX_TOKENS
+    assert last[0].model == whole[-1].model
+
+
 async def test_bad_continuations_are_refused_alone(tier: TierServer) -> None:
     whole = await generate(tier)
     ids = [t for chunk in whole for t in chunk.token_ids]
     bad = {
-        "leaves nothing to generate": ([ids[0]] * MAX_TOKENS, None),
+        "more than max_tokens": ([ids[0]] * (MAX_TOKENS + 1), None),
         "not in the vocabulary": ([ids[0], 10**9], None),
         "more characters than the tokens make": (ids[:2], 10_000),
         "characters without tokens": ([], 3),
