@@ -34,6 +34,11 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
+def _trace_of(record: RequestRecord, traces: Mapping[str, StreamTrace]) -> StreamTrace | None:
+    """What the request streamed, by the request id the load generator gave it."""
+    return traces.get(f"bench-chaos-{record.index}")
+
+
 def _routed_around(
     records: Sequence[RequestRecord], traces: Mapping[str, StreamTrace], fault: FaultRecord
 ) -> dict[str, Any]:
@@ -45,7 +50,7 @@ def _routed_around(
     hit = []
     example = ""
     for record in records:
-        trace = traces.get(f"bench-chaos-{record.index}")  # the load generator's request id
+        trace = _trace_of(record, traces)
         if trace is None or trace.final is None:
             continue
         if not fault.at_s <= record.sent_at_s <= fault.window_end_s():  # later: a later fault's
@@ -183,9 +188,7 @@ def _failure_paths(
 ) -> dict[str, int]:
     """The most frequent failure paths (failure_path) and how many chats took each."""
     paths = Counter(
-        failure_path(record, traces.get(f"bench-chaos-{record.index}"))
-        for record in records
-        if record.status != OK
+        failure_path(record, _trace_of(record, traces)) for record in records if record.status != OK
     )
     return dict(paths.most_common(FAILURE_PATHS))
 

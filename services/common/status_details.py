@@ -89,19 +89,6 @@ def error_details(error: TiermeshError) -> dict[str, Any]:
     return details
 
 
-def error_reason(trailing_metadata: Any) -> str:
-    """The ErrorInfo reason among a failed call's google.rpc details ("" when none)."""
-    for key, value in trailing_metadata or ():
-        if key != "grpc-status-details-bin" or not isinstance(value, bytes):
-            continue
-        for detail in status_pb2.Status.FromString(value).details:
-            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                info = error_details_pb2.ErrorInfo()
-                detail.Unpack(info)
-                return str(info.reason)
-    return ""
-
-
 async def abort_error(context: Any, error: TiermeshError) -> None:
     """Aborts the call with `error`'s status, message and details."""
     code = grpc.StatusCode[error.status]

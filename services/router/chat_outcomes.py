@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import grpc
+from tiermesh.client.status_details import parse_status_details
 from tiermesh.v1 import common_pb2, router_pb2
 
-from services.common.status_details import error_reason
 from services.router.chat_events import TierCallEnded
 from services.router.chat_plan import SessionClock
 from services.router.tier_calls import TierCall
@@ -102,7 +102,7 @@ def ended_event(call: TierCall) -> TierCallEnded:
     if call.error is not None:
         code, message = call.error.code().name, call.error.details() or ""
         if code == "RESOURCE_EXHAUSTED":
-            reason = error_reason(call.error.trailing_metadata())
+            reason = parse_status_details(call.error.trailing_metadata()).reason
     elif call.finished:
         code, message = "OK", ""
     return TierCallEnded(

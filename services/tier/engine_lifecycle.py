@@ -24,6 +24,7 @@ from services.common.percentiles import percentile
 from services.tier.admission import Admission
 from services.tier.engine import EngineLoad, GenerationChunk, GenerationRequest, GenerationUsage
 from services.tier.prepared_request import (
+    LENGTH,
     PreparedRequest,
     PromptFormat,
     held_back_text,
@@ -141,10 +142,9 @@ class EngineLifecycle(ABC):
         usage, finished by length."""
         assert self._prompt_format is not None
         self._completed += 1
-        elapsed_ms = (time.perf_counter() - received) * 1000
-        usage = GenerationUsage(len(prepared.prompt_ids), 0, 0.0, 0.0, elapsed_ms)
         text = held_back_text(prepared, self._prompt_format)
-        return GenerationChunk((), text, (), finish_reason="length", usage=usage)
+        last = GenerationChunk((), text, (), finish_reason=LENGTH)
+        return UsageMeter(len(prepared.prompt_ids), received).observe(last)
 
     def _named(self, chunk: GenerationChunk) -> GenerationChunk:
         """The chunk naming the model that answers it, and its checkpoint."""

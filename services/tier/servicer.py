@@ -109,7 +109,6 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
         usage: GenerationUsage | None = None
         finish: str | None = None
         answering = ""  # the model that answers, from the engine's chunks (it may be swapped)
-        fingerprint = ""  # and its checkpoint's fingerprint
         status, message = "OK", ""
         try:
             generation = self._request(request, context.time_remaining())
@@ -120,8 +119,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
                     if first_token_ns is None:
                         first_token_ns = time.time_ns()
                     usage, finish = chunk.usage or usage, chunk.finish_reason or finish
-                    if chunk.model:
-                        answering, fingerprint = chunk.model, chunk.model_fingerprint
+                    answering = chunk.model or answering
                     self._recent.add_tokens(len(chunk.token_ids))
                     yield tier_pb2.GenerateChunk(
                         token_ids=chunk.token_ids,
@@ -130,7 +128,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
                         finish_reason=chunk.finish_reason or "",
                         usage=usage_to_proto(chunk.usage) if chunk.usage else None,
                         model=self._model_id(answering) if chunk.model else "",
-                        model_fingerprint=fingerprint if chunk.model else "",
+                        model_fingerprint=chunk.model_fingerprint,  # set with model
                     )
         except TiermeshError as e:
             status, message = e.status, str(e)

@@ -92,6 +92,22 @@ async def _router_sees_running(mesh: Mesh, tier: str, running: int) -> None:
         await asyncio.sleep(0.01)
 
 
+async def _hold_slot(client: AsyncRouterClient, mesh: Mesh, tier: str) -> asyncio.Task[Any]:
+    """A 200-token chat holding the tier's one running slot, once the router has seen it run."""
+    ready = asyncio.Event()
+    holder = asyncio.create_task(
+        hold_stream(client, ready, "Hello", mode="pinned", tier=tier, max_tokens=200)
+    )
+    await asyncio.wait_for(ready.wait(), 10)
+    await _router_sees_running(mesh, tier, 1)
+    return holder
+
+
+async def _small_queues_one(mesh: Mesh) -> None:
+    while (await mesh.tier_status("small")).queued == 0:
+        await asyncio.sleep(0.02)
+
+
 async def test_a_refused_chat_goes_on_only_to_a_tier_that_would_start_it_at_once(
     tmp_path: Path,
 ) -> None:
@@ -117,24 +133,14 @@ async def test_a_refused_chat_goes_on_only_to_a_tier_that_would_start_it_at_once
     )
     try:
         async with AsyncRouterClient(mesh.address) as client:
-            ready = asyncio.Event()
-            small = asyncio.create_task(
-                hold_stream(client, ready, "Hello", mode="pinned", tier="small", max_tokens=200)
-            )
-            await asyncio.wait_for(ready.wait(), 10)
-            await _router_sees_running(mesh, "small", 1)
+            small = await _hold_slot(client, mesh, "small")
             result = await client.chat("Hi", max_tokens=2, timeout=0.8)
             assert result.tier == "medium"
             assert "small failed before its first token (RESOURCE_EXHAUSTED" in result.final.reason
             assert "retried on medium" in result.final.reason
             await mesh.wait_idle("medium")
 
-            ready = asyncio.Event()
-            medium = asyncio.create_task(
-                hold_stream(client, ready, "Hello", mode="pinned", tier="medium", max_tokens=200)
-            )
-            await asyncio.wait_for(ready.wait(), 10)
-            await _router_sees_running(mesh, "medium", 1)
+            medium = await _hold_slot(client, mesh, "medium")
             with pytest.raises(ChatError) as refused:
                 await client.chat("Hi", max_tokens=2, timeout=0.8)
             for holder in (small, medium):
@@ -178,15 +184,9 @@ async def test_a_tier_that_refused_is_full_to_the_router_until_its_next_load_rep
     mesh = await start_mesh(tmp_path, **one_slot_small(max_queued=1))
     try:
         async with AsyncRouterClient(mesh.address) as client:
-            ready = asyncio.Event()
-            holder = asyncio.create_task(
-                hold_stream(client, ready, "Hello", mode="pinned", tier="small", max_tokens=200)
-            )
-            await asyncio.wait_for(ready.wait(), 10)
-            await _router_sees_running(mesh, "small", 1)  # just after a report: 2 s to the next
+            holder = await _hold_slot(client, mesh, "small")  # just after a report: 2 s to the next
             waiter = asyncio.create_task(client.chat("Hi", max_tokens=2, timeout=30))
-            while (await mesh.tier_status("small")).queued == 0:  # the queue's one place taken
-                await asyncio.sleep(0.02)
+            await _small_queues_one(mesh)  # the queue's one place taken
             refusals: list[ChatError] = []
             while len(refusals) < 12 and not any(
                 e.message.startswith("every tier full") for e in refusals
@@ -217,20 +217,14 @@ async def test_a_refusal_for_a_short_deadline_leaves_the_tier_open_to_longer_one
     mesh = await start_mesh(tmp_path, **one_slot_small(max_queued=4))
     try:
         async with AsyncRouterClient(mesh.address) as client:
-            ready = asyncio.Event()
-            holder = asyncio.create_task(
-                hold_stream(client, ready, "Hello", mode="pinned", tier="small", max_tokens=200)
-            )
-            await asyncio.wait_for(ready.wait(), 10)
-            await _router_sees_running(mesh, "small", 1)
+            holder = await _hold_slot(client, mesh, "small")
             refusals: list[ChatError] = []
             for _ in range(4):  # well within small's 2 s between load reports
                 with pytest.raises(ChatError) as refused:
                     await client.chat("Hi", max_tokens=2, timeout=0.8)
                 refusals.append(refused.value)
             patient = asyncio.create_task(client.chat("Hi", max_tokens=2, timeout=30))
-            while (await mesh.tier_status("small")).queued == 0:
-                await asyncio.sleep(0.05)
+            await _small_queues_one(mesh)
             holder.cancel()
             answer = await patient
         assert [e.code for e in refusals] == ["RESOURCE_EXHAUSTED"] * 4
