@@ -13,7 +13,7 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ import httpx
 from tiermesh.client import AsyncRouterClient, ChatError, DeltaEvent, FinalEvent
 
 from services.bench.scenarios import RequestSequence, Scenario, arrival_times
+from services.bench.sse_client import HttpStatusError, SseError, SsePool
 from services.common.percentiles import percentile
 
 OVERHEAD_STREAMS = (1, 64)
@@ -61,10 +62,10 @@ def _http_client(timeout_s: float, streams: int) -> httpx.AsyncClient:
 
 
 async def openai_stream(
-    client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int
+    client: httpx.AsyncClient | SsePool, url: str, model: str, prompt: str, max_tokens: int
 ) -> StreamTiming:
-    """One `stream: true` chat completion; output tokens from the usage chunk when the server
-    sends one, else the number of text chunks."""
+    """One `stream: true` chat completion, through httpx or the lean SSE client; output tokens
+    from the usage chunk when the server sends one, else the number of text chunks."""
     timing = StreamTiming()
     body = {
         "model": model,
@@ -75,24 +76,37 @@ async def openai_stream(
     }
     sent = time.perf_counter()
     try:
-        async with client.stream("POST", f"{url}/chat/completions", json=body) as response:
-            if response.status_code != 200:
-                timing.status = f"HTTP_{response.status_code}"
-                timing.error = (await response.aread()).decode(errors="replace")[:300]
-                return timing
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":
-                    timing.end_s = time.perf_counter() - sent
-                    break
-                _read_chunk(json.loads(data), timing, time.perf_counter() - sent)
-    except (httpx.HTTPError, ValueError) as e:
+        if isinstance(client, SsePool):
+            await _time_events(client.post_events("/chat/completions", body), timing, sent)
+        else:
+            async with client.stream("POST", f"{url}/chat/completions", json=body) as response:
+                if response.status_code != 200:
+                    timing.status = f"HTTP_{response.status_code}"
+                    timing.error = (await response.aread()).decode(errors="replace")[:300]
+                    return timing
+                await _time_events(_data_lines(response.aiter_lines()), timing, sent)
+    except HttpStatusError as e:
+        timing.status, timing.error = f"HTTP_{e.status}", e.body.decode(errors="replace")[:300]
+    except (httpx.HTTPError, SseError, ValueError) as e:
         timing.status, timing.error = "CLIENT_ERROR", f"{type(e).__name__}: {e}"
     if timing.status == "OK" and not timing.output_tokens:
         timing.output_tokens = len(timing.chunk_times_s)
     return timing
+
+
+async def _data_lines(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    async for line in lines:
+        if line.startswith("data: "):
+            yield line[6:]
+
+
+async def _time_events(events: AsyncIterator[str], timing: StreamTiming, sent: float) -> None:
+    """Reads a stream's SSE payloads to its end (so a keep-alive connection is left clean)."""
+    async for data in events:
+        if data == "[DONE]":
+            timing.end_s = time.perf_counter() - sent
+        else:
+            _read_chunk(json.loads(data), timing, time.perf_counter() - sent)
 
 
 def _read_chunk(chunk: dict[str, Any], timing: StreamTiming, at_s: float) -> None:
@@ -255,31 +269,103 @@ async def gateway_overhead(
     streams: Sequence[int] = OVERHEAD_STREAMS,
 ) -> dict[str, Any]:
     """The same closed-loop load through the gateway and directly through the router, at each
-    stream count: TTFT p50/p99 added by the gateway and the tokens/s ratio (gateway / direct)."""
+    stream count: TTFT p50/p99 added by the gateway and the tokens/s ratio (gateway / direct).
+
+    At one stream the client alternates between the two request by request; at more, the two
+    sides take turns in quarters of the duration (direct, gateway, gateway, direct), so a load
+    that drifts on the machine falls on both. A plain http:// gateway is called with the lean
+    SSE client (its own cost kept out of the number); https:// with httpx."""
     options = GRPC_EQUIVALENT.get(model)
     if options is None:
         raise ValueError(f"--model: no gRPC equivalent of {model!r} to compare against")
     levels: list[dict[str, Any]] = []
-    async with (
-        _http_client(timeout_s, max(streams)) as http,
-        AsyncRouterClient(router) as grpc_client,
-    ):
+    lean = url.startswith("http://")
+    http: httpx.AsyncClient | SsePool = (
+        SsePool(url) if lean else _http_client(timeout_s, max(streams))
+    )
+    try:
+        async with AsyncRouterClient(router) as grpc_client:
 
-        async def via_gateway(prompt: str) -> StreamTiming:
-            return await openai_stream(http, url, model, prompt, max_tokens)
+            async def via_gateway(prompt: str) -> StreamTiming:
+                return await openai_stream(http, url, model, prompt, max_tokens)
 
-        async def direct(prompt: str) -> StreamTiming:
-            return await grpc_stream(grpc_client, options, prompt, max_tokens)
+            async def direct(prompt: str) -> StreamTiming:
+                return await grpc_stream(grpc_client, options, prompt, max_tokens)
 
-        for n in streams:
-            side: dict[str, Any] = {}
-            for name, send in (("grpc", direct), ("gateway", via_gateway)):
-                warmup = min(2.0, duration_s / 4)
-                side[name] = summarise(
-                    await closed_loop(send, n, duration_s, seed), warmup, duration_s
-                )
-            levels.append({"streams": n, **side, **_overhead(side["grpc"], side["gateway"])})
-    return {"model": model, "router": router, "duration_s": duration_s, "levels": levels}
+            warmup = min(2.0, duration_s / 4)
+            for n in streams:
+                if n == 1:
+                    timings = await alternating_loop((direct, via_gateway), 2 * duration_s, seed)
+                    side = {
+                        name: summarise(t, warmup, 2 * duration_s)
+                        for name, t in zip(("grpc", "gateway"), timings, strict=True)
+                    }
+                else:
+                    side = await _in_turns(direct, via_gateway, n, duration_s, warmup, seed)
+                levels.append({"streams": n, **side, **_overhead(side["grpc"], side["gateway"])})
+    finally:
+        if isinstance(http, SsePool):
+            http.close()
+        else:
+            await http.aclose()
+    client = "lean HTTP/1.1 (httptools)" if lean else "httpx"
+    return {
+        "model": model,
+        "router": router,
+        "duration_s": duration_s,
+        "http_client": client,
+        "levels": levels,
+    }
+
+
+async def alternating_loop(
+    sends: Sequence[Callable[[str], Awaitable[StreamTiming]]], duration_s: float, seed: int
+) -> list[list[StreamTiming]]:
+    """One client sending the same prompt through each of `sends` in turn, then the next
+    prompt; the timings of each."""
+    sequence = RequestSequence({"simple": 1.0}, seed)
+    start = time.perf_counter()
+    timings: list[list[StreamTiming]] = [[] for _ in sends]
+    index = 0
+    while time.perf_counter() - start < duration_s:
+        prompt = sequence[index].prompt
+        index += 1
+        for send, out in zip(sends, timings, strict=True):
+            at = time.perf_counter() - start
+            timing = await send(prompt)
+            timing.scheduled_at_s, timing.finished_at_s = at, time.perf_counter() - start
+            out.append(timing)
+    return timings
+
+
+async def _in_turns(
+    direct: Callable[[str], Awaitable[StreamTiming]],
+    gateway: Callable[[str], Awaitable[StreamTiming]],
+    streams: int,
+    duration_s: float,
+    warmup_s: float,
+    seed: int,
+) -> dict[str, Any]:
+    """Closed loops of `streams` clients in quarters: direct, gateway, gateway, direct; each
+    side's two halves summarised together (throughput over its whole measured time)."""
+    quarter = duration_s / 2
+    runs: dict[str, list[list[StreamTiming]]] = {"grpc": [], "gateway": []}
+    for name in ("grpc", "gateway", "gateway", "grpc"):
+        send = direct if name == "grpc" else gateway
+        runs[name].append(await closed_loop(send, streams, quarter, seed))
+    # each half's measured time is [warmup, quarter); the second is laid after the first
+    warmup, measured = warmup_s / 2, quarter - warmup_s / 2
+    side: dict[str, Any] = {}
+    for name, halves in runs.items():
+        merged: list[StreamTiming] = []
+        for offset, half in enumerate(halves):
+            for timing in half:
+                if timing.scheduled_at_s >= warmup:
+                    timing.scheduled_at_s += offset * measured
+                    timing.finished_at_s += offset * measured
+                    merged.append(timing)
+        side[name] = summarise(merged, warmup, warmup + 2 * measured)
+    return side
 
 
 def _overhead(direct: dict[str, Any], gateway: dict[str, Any]) -> dict[str, Any]:

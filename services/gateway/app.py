@@ -1,36 +1,34 @@
 """The gateway's HTTP application (FastAPI): the OpenAI-compatible API, health, metrics and the
 chat page. It reaches the router through one grpc.aio channel over the public RouterService API.
 
-Knows HTTP routes and the gateway's config; chat logic lives in completions.py, request parsing in
-chat_request.py.
+Knows HTTP routes and the gateway's config; the chat completions route is the bare ASGI endpoint
+of chat_endpoint.py, served ahead of FastAPI; chat logic lives in completions.py, request parsing
+in chat_request.py.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import grpc
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from starlette.types import Receive, Scope, Send
 from tiermesh.v1 import router_pb2_grpc
 
 from services.common.config import GatewayConfig
-from services.gateway import completions
-from services.gateway.chat_request import MODELS, parse_chat_request
+from services.gateway.chat_endpoint import ChatCompletionsEndpoint
+from services.gateway.chat_request import MODELS
 from services.gateway.errors import GatewayError
 from services.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from services.gateway.openai_wire import model_card, model_list
-from services.gateway.router_chat import RouterChat, call_metadata, router_stub, start_span
+from services.gateway.router_chat import router_stub
 from services.security.settings import ServiceSecurity
 
 CHAT_PAGE = Path(__file__).with_name("chat_page.html")
-REVISIONS_HEADER = "x-tiermesh-revisions"
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class RouterConnection:
@@ -69,7 +67,22 @@ class RouterConnection:
             self.stub = None
 
 
-def create_app(config: GatewayConfig) -> FastAPI:
+class GatewayApp:
+    """The gateway's ASGI app: POST /v1/chat/completions goes straight to its bare endpoint,
+    everything else (and the lifespan) to FastAPI. `api` is the FastAPI app."""
+
+    def __init__(self, api: FastAPI, chat: ChatCompletionsEndpoint) -> None:
+        self.api = api
+        self.chat = chat
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.chat.handles(scope):
+            await self.chat(scope, receive, send)
+        else:
+            await self.api(scope, receive, send)
+
+
+def create_app(config: GatewayConfig) -> GatewayApp:
     router = RouterConnection(config.router)
     metrics = GatewayMetrics()
     page = CHAT_PAGE.read_bytes()
@@ -120,53 +133,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
             )
         return JSONResponse(model_card(model))
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        started = time.perf_counter()
-        try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise GatewayError(
-                400, f"the request body is not valid JSON: {e}", code="invalid_json"
-            ) from None
-        revisions_header = request.headers.get(REVISIONS_HEADER, "").lower() in ("1", "true")
-        try:
-            chat_request = parse_chat_request(body, revisions_header=revisions_header)
-        except GatewayError as e:
-            metrics.requests.labels(
-                str(body.get("model", "")) if isinstance(body, dict) else "", "", e.status
-            ).inc()
-            raise
-        span, context = start_span(request.headers, chat_request.model, chat_request.user)
-        chat = RouterChat(
-            router.router(),
-            chat_request.request,
-            call_metadata(request.headers, context),
-            config.timeout_s,
-            config.retry_after_s,
-            span,
-            chat_request.model,
-            metrics.record_operation,
-        )
-        stream_label = "true" if chat_request.stream else "false"
-        try:
-            if not chat_request.stream:
-                answer = await completions.complete(chat, chat_request, metrics)
-                metrics.requests.labels(chat_request.model, stream_label, 200).inc()
-                return JSONResponse(answer)
-            first = await chat.first()
-        except GatewayError as e:
-            chat.cancel()
-            metrics.requests.labels(chat_request.model, stream_label, e.status).inc()
-            metrics.duration.labels(chat_request.model, stream_label).observe(
-                time.perf_counter() - started
-            )
-            raise
-        metrics.requests.labels(chat_request.model, stream_label, 200).inc()
-        body_stream = completions.stream(chat, first, chat_request, metrics)
-        return StreamingResponse(body_stream, media_type="text/event-stream", headers=SSE_HEADERS)
-
-    return app
+    return GatewayApp(app, ChatCompletionsEndpoint(router.router, config, metrics))
 
 
 async def _router_health(channel: grpc.aio.Channel) -> str:

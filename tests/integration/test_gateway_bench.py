@@ -1,9 +1,11 @@
 """`tiermesh bench --target openai` pieces against a real gateway and router: the open-loop run
-reports TTFT, ITL, TPOT and E2E per model, and the overhead comparison reads both sides."""
+reports TTFT, ITL, TPOT and E2E per model, the overhead comparison reads both sides, and its
+lean SSE client keeps one connection alive and reports HTTP statuses."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +13,10 @@ import pytest
 
 from services.bench.openai_target import gateway_overhead, run_openai
 from services.bench.scenarios import build_scenario
+from services.bench.sse_client import HttpStatusError, SseConnection
 from tests.integration.gateway_mesh import GatewayMesh, module_gateway
+
+MESSAGES = [{"role": "user", "content": "What is your return policy?"}]
 
 
 @pytest.fixture(scope="module")
@@ -48,3 +53,34 @@ def test_overhead_compares_gateway_and_router(gateway: GatewayMesh) -> None:
         assert level["gateway"]["requests"]["completed"] >= 1
         assert level["tokens_per_s_ratio"] is not None
         assert level["ttft_added_ms"]["p50"] is not None
+    assert overhead["http_client"].startswith("lean")
+
+
+def test_lean_sse_client_reuses_its_connection_and_reports_statuses(gateway: GatewayMesh) -> None:
+    async def run() -> tuple[list[list[str]], set[object], int]:
+        connection = SseConnection(f"{gateway.url}/v1")
+        answers, sockets = [], set()
+        for _ in range(3):
+            body = {"model": "tiermesh-small", "messages": MESSAGES, "stream": True}
+            body["max_tokens"] = 4
+            answers.append(
+                [data async for data in connection.post_events("/chat/completions", body)]
+            )
+            assert connection._writer is not None
+            sockets.add(connection._writer.get_extra_info("sockname"))
+        with pytest.raises(HttpStatusError) as refused:
+            bad = {"model": "tiermesh-small", "messages": MESSAGES, "max_tokens": 0}
+            async for _ in connection.post_events("/chat/completions", bad):
+                pass
+        assert b"max_tokens" in refused.value.body
+        connection.close()
+        return answers, sockets, refused.value.status
+
+    answers, sockets, status = asyncio.run(run())
+    for events in answers:
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert len(sockets) == 1  # one keep-alive connection served the three answers
+    assert status == 400

@@ -1,15 +1,19 @@
-"""The gateway's HTTP surface with plain httpx: SSE framing, health, metrics, the chat page, the
-revisions header, error bodies, and a client that leaves cancelling the router's work."""
+"""The gateway's HTTP surface with plain httpx and a raw socket: SSE framing, health, metrics, the
+chat page, the revisions header, error bodies, the body size limit, and a client that leaves
+(streamed or not) cancelling the router's work."""
 
 from __future__ import annotations
 
 import json
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from services.gateway.chat_endpoint import MAX_BODY_BYTES
 from tests.integration.gateway_mesh import GatewayMesh, module_gateway
 
 MESSAGES = [{"role": "user", "content": "What is your return policy?"}]
@@ -107,3 +111,32 @@ def test_client_leaving_cancels_the_router_call(gateway: GatewayMesh) -> None:
         status = gateway.wait_idle(tier)
         assert status.running == 0
         assert status.completed == before[tier], f"{tier} finished instead of being cancelled"
+
+
+def test_client_leaving_a_non_streamed_answer_cancels_it(gateway: GatewayMesh) -> None:
+    before = gateway.wait_idle("large").completed
+    body = json.dumps(
+        {"model": "tiermesh-large", "messages": MESSAGES, "max_tokens": 400, "seed": 1}
+    ).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    host, port = gateway.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as client:
+        client.sendall(head + body)
+        deadline = time.monotonic() + 10
+        while gateway.tier_status("large").running == 0:  # the answer is being generated
+            assert time.monotonic() < deadline, "the large tier never started the answer"
+            time.sleep(0.01)
+    status = gateway.wait_idle("large")  # the client left with no byte of the answer read
+    assert status.completed == before, "large finished the answer instead of being cancelled"
+
+
+def test_a_body_over_the_limit_is_413(gateway: GatewayMesh) -> None:
+    content = "x" * (MAX_BODY_BYTES + 1)
+    body = {"model": "tiermesh-small", "messages": [{"role": "user", "content": content}]}
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", json=body)
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+    assert gateway.tier_status("small").running == 0
