@@ -35,7 +35,13 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
-from tiermesh.client.tracing import INSTRUMENTATION, end_span, inject_metadata, rpc_attributes
+from tiermesh.client.tracing import (
+    INSTRUMENTATION,
+    end_span,
+    inject_metadata,
+    rpc_attributes,
+    tiermesh_tracer,
+)
 
 from services.common.env import metrics_host
 from services.common.errors import ConfigError
@@ -56,7 +62,9 @@ log = logging.getLogger(__name__)
 
 
 def tracer() -> trace.Tracer:
-    return trace.get_tracer(INSTRUMENTATION)
+    """This process's tiermesh tracer (one per installed provider, not one per call)."""
+    tracer: trace.Tracer = tiermesh_tracer()
+    return tracer
 
 
 def meter() -> metrics.Meter:

@@ -57,9 +57,9 @@ async def stream(
             )
         )
         async for event in _events(chat, first):
-            payloads = relay.feed(event)
-            if payloads:  # one write for an event's chunks (Final's come as two or three)
-                yield b"".join(sse(payload) for payload in payloads)
+            events = relay.feed(event)
+            if events:  # one write for an event's chunks (Final's come as two or three)
+                yield b"".join(events)
             if isinstance(event, FinalEvent):
                 await chat.next()  # the call's OK status, which follows Final
                 yield DONE
@@ -98,15 +98,16 @@ class _StreamRelay:
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started
 
-    def feed(self, event: Event) -> list[dict[str, Any]]:
+    def feed(self, event: Event) -> list[bytes]:
+        """The SSE events to send for `event` (often none)."""
         self.tracker.feed(event)
         if self.request.revisions:
-            chunks = self._revision_chunks(event)
+            chunks = [sse(chunk) for chunk in self._revision_chunks(event)]
         else:
             text = self.plain.feed(event)
-            chunks = [self._content(text)] if text else []
+            chunks = [self._plain_content(text)] if text else []
         if isinstance(event, FinalEvent):
-            chunks += self._final_chunks(event)
+            chunks += [sse(chunk) for chunk in self._final_chunks(event)]
         return chunks
 
     def _revision_chunks(self, event: Event) -> list[dict[str, Any]]:
@@ -136,10 +137,17 @@ class _StreamRelay:
         )
         return chunks
 
-    def _content(self, text: str, tiermesh: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _plain_content(self, text: str) -> bytes:
+        self._observe_first(text)
+        return self.writer.content_event(text, with_usage_field=self.include_usage)
+
+    def _observe_first(self, text: str) -> None:
         if text and not self.first_content:
             self.first_content = True
             self.metrics.time_to_first_content.labels(self.request.model).observe(self.elapsed_s())
+
+    def _content(self, text: str, tiermesh: dict[str, Any] | None = None) -> dict[str, Any]:
+        self._observe_first(text)
         return self.writer.chunk(
             {"content": text}, tiermesh=tiermesh, with_usage_field=self.include_usage
         )

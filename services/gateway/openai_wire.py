@@ -51,6 +51,14 @@ class ChunkWriter:
         self.id = completion_id()
         self.model = model
         self.created = created_now()
+        # a content chunk's event around its text, encoded once: the bytes sse(chunk(...)) gives
+        head = self.chunk({"content": ""})
+        encoded = sse(head)
+        cut = encoded.index(b'"content":""') + len(b'"content":')
+        self._content_head = encoded[:cut]
+        self._content_tail = encoded[cut + 2 :]
+        with_usage = sse({**head, "usage": None})
+        self._content_tail_usage = with_usage[cut + 2 :]
 
     def chunk(
         self,
@@ -74,6 +82,12 @@ class ChunkWriter:
         if tiermesh is not None:
             payload["tiermesh"] = tiermesh
         return payload
+
+    def content_event(self, text: str, *, with_usage_field: bool = False) -> bytes:
+        """The SSE event of the chunk `chunk({"content": text})`: the same bytes as encoding
+        that dict, with only the text encoded per call (this runs once per token)."""
+        tail = self._content_tail_usage if with_usage_field else self._content_tail
+        return self._content_head + _COMPACT.encode(text).encode() + tail
 
     def usage_chunk(self, final: FinalEvent) -> dict[str, Any]:
         """The last chunk `stream_options.include_usage` asks for: no choices, the usage."""

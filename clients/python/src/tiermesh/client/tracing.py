@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
 
 INSTRUMENTATION = "tiermesh"
+# (provider, its tracer): get_tracer builds a new tracer each call (tens of microseconds, and
+# a warnings filter), so one is kept per installed provider
+_tracer_cache: tuple[Any, Any] | None = None
 GRPC_STATUS_CODES = {
     "OK": 0,
     "CANCELLED": 1,
@@ -74,11 +77,22 @@ def end_span(span: Any, code_name: str, message: str = "") -> None:
     span.end()
 
 
+def tiermesh_tracer() -> Any:
+    """The tracer of this library under the installed tracer provider (kept until the provider
+    changes); requires opentelemetry-api."""
+    global _tracer_cache
+    provider = trace.get_tracer_provider()
+    cached = _tracer_cache
+    if cached is None or cached[0] is not provider:
+        cached = _tracer_cache = (provider, trace.get_tracer(INSTRUMENTATION))
+    return cached[1]
+
+
 def start_chat_span(mode: str) -> tuple[Any, list[tuple[str, str]]]:
     """The client span of one chat (None without OpenTelemetry) and the metadata carrying it."""
     if trace is None:
         return None, []
-    span = trace.get_tracer(INSTRUMENTATION).start_span(
+    span = tiermesh_tracer().start_span(
         "chat",
         kind=trace.SpanKind.CLIENT,
         attributes={
