@@ -1,12 +1,14 @@
 """`tiermesh run --engine echo`: the whole mesh with echo tiers (no model) in child processes,
 then `tiermesh chat --json` through the router: answers of max_tokens echo words, the same
-each time, from the tier asked for."""
+each time, from the tier asked for; the tier processes never load torch."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+from services.common.tiers import TIER_NAMES
 from services.launcher.local_mesh import free_base_port
 from services.tier.echo_engine import ECHO_WORDS
 from tests.e2e.run_process import chat_json, tiermesh_run
@@ -26,9 +28,13 @@ def test_run_with_echo_tiers_answers_through_the_router(tmp_path: Path) -> None:
         pinned = [_chat(router, "--mode", "pinned", "--tier", "small", "--max-tokens", "6")]
         pinned.append(_chat(router, "--mode", "pinned", "--tier", "small", "--max-tokens", "6"))
         progressive = _chat(router, "--mode", "progressive", "--max-tokens", "9")
+        pids = json.loads((tmp_path / "run" / "pids.json").read_text())
+        tier_libraries = {t: Path(f"/proc/{pids[t]}/maps").read_text() for t in TIER_NAMES}
     words = str(pinned[0]["text"]).split()
     assert len(words) == 6 and set(words) <= set(ECHO_WORDS)
     assert pinned[0]["text"] == pinned[1]["text"]
     assert pinned[0]["tier"] == "small"
     assert len(str(progressive["text"]).split()) == 9
     assert (tmp_path / "run" / "logs" / "small-echo.toml").is_file()
+    for tier, maps in tier_libraries.items():  # no model: torch is never loaded
+        assert "libtorch" not in maps, f"the echo tier {tier} loaded torch"
