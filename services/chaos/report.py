@@ -148,6 +148,7 @@ def build_report(
             "continued_gap_ms_p50": _ms(percentile(continued, 0.50)),
             "continued_gap_ms_p99": _ms(percentile(continued, 0.99)),
             "continued_gap_ms_max": _ms(max(continued, default=None)),
+            "slowest_continued": slowest_continued(records, traces),
             # both kinds together: every break an answer went on from
             "all_gap_ms_p50": _ms(percentile(every_gap, 0.50)),
             "all_gap_ms_p99": _ms(percentile(every_gap, 0.99)),
@@ -181,6 +182,29 @@ def failure_path(record: RequestRecord, trace: StreamTrace | None) -> str:
     named = re.match(r"(tier \S+?):", record.error)
     where = f" {named.group(1)}" if named else ""
     return f"{' > '.join(steps) or 'no revision'} | {record.status}{where}"
+
+
+SLOWEST_SHOWN = 5
+
+
+def slowest_continued(
+    records: Sequence[RequestRecord], traces: Mapping[str, StreamTrace]
+) -> list[dict[str, Any]]:
+    """The breaks continued in the same revision with the longest gaps, longest first: when the
+    chat was sent (seconds into the run, to set beside the faults' `at_s`), the gap and the
+    chat's Final.reason (what broke and where it went on)."""
+    found = []
+    for record in records:
+        trace = _trace_of(record, traces)
+        if trace is None or trace.final is None:
+            continue
+        for gap in trace.continuation_gaps_s():
+            found.append((gap, record.sent_at_s, trace.final.reason))
+    found.sort(key=lambda item: item[0], reverse=True)
+    return [
+        {"sent_at_s": round(sent_at, 3), "gap_ms": _ms(gap * 1000), "reason": reason[:400]}
+        for gap, sent_at, reason in found[:SLOWEST_SHOWN]
+    ]
 
 
 def _failure_paths(

@@ -21,7 +21,7 @@ from services.chaos.faults import (
 from services.chaos.injector import refusal_source
 from services.chaos.loop_lag import LoopLag
 from services.chaos.recording import StreamTrace
-from services.chaos.report import failure_path
+from services.chaos.report import failure_path, slowest_continued
 
 PROCESSES = {"small": ["small", "small-2"], "medium": ["medium"], "large": ["large"]}
 
@@ -142,3 +142,21 @@ def test_a_failed_chat_is_summed_up_by_its_path() -> None:
         8, "item", "simple", 0.0, status="RESOURCE_EXHAUSTED", error="every tier full"
     )
     assert failure_path(refused, None) == "no revision | RESOURCE_EXHAUSTED"
+
+
+def test_theslowest_continued_breaks_are_listed_longest_first() -> None:
+    traces, records = {}, []
+    for index, pause in enumerate([0.3, 0.9, 0.1]):
+        trace = StreamTrace({"prompt": "p"})
+        trace.observe(RevisionStartEvent(0, "small", None, 0), 0.0)
+        for token, at in enumerate([0.01, 0.01 + pause, 0.02 + pause]):
+            trace.observe(DeltaEvent(0, "a", (token,)), at)
+        reason = f"small (r{index}) failed after 1 characters; another small replica continued "
+        reason += "revision 0; answered by small"
+        trace.observe(FinalEvent(0, "small", "aaa", reason, 1, [], {}), 1.0)
+        traces[f"bench-chaos-{index}"] = trace
+        records.append(RequestRecord(index, "item", "simple", index * 1.0, sent_at_s=index * 1.0))
+    slowest = slowest_continued(records, traces)
+    assert [s["gap_ms"] for s in slowest] == [900.0, 300.0, 100.0]
+    assert [s["sent_at_s"] for s in slowest] == [1.0, 0.0, 2.0]
+    assert "(r1)" in slowest[0]["reason"]
