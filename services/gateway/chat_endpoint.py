@@ -59,10 +59,14 @@ class ChatCompletionsEndpoint:
 
     @staticmethod
     def handles(scope: Scope) -> bool:
-        return bool(scope["type"] == "http" and scope["path"] == PATH and scope["method"] == "POST")
+        return bool(scope["type"] == "http" and scope["path"] == PATH)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = _Response(send)
+        if scope["method"] != "POST":
+            error = GatewayError(405, f"{PATH} takes POST, not {scope['method']}")
+            await response.json(405, error.body(), {"Allow": "POST"})
+            return
         try:
             await self._serve(scope, receive, response)
         except GatewayError as e:

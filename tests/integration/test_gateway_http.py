@@ -77,6 +77,9 @@ def test_error_body_is_openai_shaped(gateway: GatewayMesh) -> None:
     not_json = httpx.post(f"{gateway.url}/v1/chat/completions", content=b"{oops")
     assert not_json.status_code == 400
     assert "JSON" in not_json.json()["error"]["message"]
+    wrong_method = httpx.get(f"{gateway.url}/v1/chat/completions")
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+    assert "POST" in wrong_method.json()["error"]["message"]
 
 
 def test_health_metrics_and_page(gateway: GatewayMesh) -> None:
