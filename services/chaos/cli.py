@@ -28,7 +28,12 @@ from services.chaos.run import ChaosError, ChaosOptions, run_chaos
 from services.common import env
 from services.common.tiers import TIER_NAMES
 from services.launcher.echo_tiers import EchoSettings
-from services.launcher.run_options import model_overrides, replica_counts
+from services.launcher.run_options import (
+    TIER_NICE,
+    model_overrides,
+    nice_level,
+    replica_counts,
+)
 
 DEFAULT_FAULTS = "kill-tier,hang-tier,overload,poison,slow-reader"
 
@@ -59,6 +64,13 @@ def register(commands: Any) -> None:
     chaos.add_argument("--max-tokens", type=int, default=160, help="tokens per answer at most")
     chaos.add_argument("--timeout", type=float, default=60.0, help="deadline of one chat (s)")
     chaos.add_argument("--replicas", metavar="TIER=N[,TIER=N]", help="processes per tier")
+    chaos.add_argument(
+        "--tier-nice",
+        type=nice_level,
+        default=TIER_NICE,
+        metavar="N",
+        help=f"the tiers' nice levels below the router's, as tiermesh run's (default {TIER_NICE})",
+    )
     chaos.add_argument(
         "--mesh", action="store_true", help="with the xDS control plane (its fault needs it)"
     )
@@ -101,6 +113,7 @@ def options_from(args: argparse.Namespace) -> ChaosOptions:
         max_tokens=args.max_tokens,
         timeout_s=args.timeout,
         replicas=replica_counts(args.replicas) if args.replicas else None,
+        tier_nice=args.tier_nice,
         mesh=args.mesh,
         echo=echo,
         models=model_overrides(args.model),

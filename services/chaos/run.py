@@ -48,6 +48,7 @@ from services.launcher.local_mesh import (
     stop_all,
     wait_healthy,
 )
+from services.launcher.run_options import TIER_NICE
 from services.launcher.supervisor import RestartPolicy, Supervisor
 
 # chaos kills on purpose: the supervisor restarts every time instead of giving up after 5
@@ -76,6 +77,7 @@ class ChaosOptions:
     timeout_s: float = 60.0
     max_in_flight: int = 512
     replicas: dict[str, int] | None = None
+    tier_nice: int = TIER_NICE
     mesh: bool = False
     echo: EchoSettings | None = None
     models: dict[str, Path] = field(default_factory=dict)
@@ -96,6 +98,7 @@ def chaos_mesh(options: ChaosOptions, console: Console) -> Iterator[list[Child]]
             mesh=options.mesh,
             replicas=options.replicas,
             echo=options.echo,
+            tier_nice=options.tier_nice,
         )
     except (TiermeshError, OSError) as e:  # ConfigError: a missing model, --mesh with replicas
         raise ChaosError(str(e)) from None
@@ -234,6 +237,7 @@ def run_json(
         "mode": options.mode,
         "engine": "echo" if options.echo is not None else "model",
         "replicas": options.replicas or {},
+        "tier_nice": options.tier_nice,
         "mesh": options.mesh,
         "max_tokens": options.max_tokens,
         "timeout_s": options.timeout_s,

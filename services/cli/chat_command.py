@@ -13,7 +13,12 @@ from services.cli.client_flags import add_client_security_flags
 from services.common import env
 from services.common.parent_watch import stop_with_parent
 from services.common.tiers import TIER_NAMES
-from services.launcher.run_options import model_overrides, replica_counts
+from services.launcher.run_options import (
+    TIER_NICE,
+    model_overrides,
+    nice_level,
+    replica_counts,
+)
 
 DEMO_PROMPT = "What is your return policy?"
 
@@ -37,6 +42,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         replicas=replica_counts(args.replicas) if args.replicas else None,
         echo=echo,
+        tier_nice=args.tier_nice,
     )
 
 
@@ -118,6 +124,14 @@ def register_run(commands: Any) -> None:
     run.add_argument("--echo-ttft-ms", type=float, default=10.0, help="echo tiers' TTFT")
     run.add_argument(
         "--echo-tokens-per-s", type=float, default=100.0, help="echo tiers' tokens/s per stream"
+    )
+    run.add_argument(
+        "--tier-nice",
+        type=nice_level,
+        default=TIER_NICE,
+        metavar="N",
+        help=f"run the tiers N nice levels below the router and gateway (default {TIER_NICE}; "
+        "0: the same priority), so decode loops never delay routing on a shared machine",
     )
     run.set_defaults(func=cmd_run)
 

@@ -6,6 +6,7 @@ Knows subprocesses and files only; what runs in the child is the caller's busine
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ class Child:
     process: subprocess.Popen[bytes] | None = None
     env: dict[str, str] | None = None  # added to this process's environment
     health_url: str | None = None  # HTTP health endpoint; None = gRPC health at `address`
+    nice: int = 0  # added to the process's nice value (a lower CPU priority) when above 0
 
     def start(self, append: bool = False) -> None:
         """Starts the process; `append` keeps the log of an earlier run (a restart)."""
@@ -38,6 +40,8 @@ class Child:
                 cwd=SERVICES_DIR.parent,
                 env=child_env,
             )
+        if self.nice > 0:
+            lower_priority(self.process.pid, self.nice)
 
     def exited(self) -> int | None:
         return None if self.process is None else self.process.poll()
@@ -47,3 +51,10 @@ class Child:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+def lower_priority(pid: int, nice: int) -> None:
+    """Raises a just-started process's nice value by `nice` (its threads, all made after this,
+    inherit it). A process that already exited is left alone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, pid) + nice)

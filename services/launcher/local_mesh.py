@@ -33,6 +33,7 @@ from services.common.tiers import TIER_NAMES
 from services.launcher.child_process import SERVICES_DIR
 from services.launcher.child_process import Child as Child  # re-exported: chaos, bench, tests
 from services.launcher.echo_tiers import EchoSettings, echo_tier_command
+from services.launcher.run_options import TIER_NICE
 from services.launcher.secure_run import SecureRun, prepare_secure_run
 from services.launcher.start_report import demo_chat, print_start_report
 from services.launcher.supervisor import Supervisor, stop_in_order
@@ -89,15 +90,20 @@ def plan_children(
     replicas: dict[str, int] | None = None,
     secure: SecureRun | None = None,
     echo: EchoSettings | None = None,
+    tier_nice: int = TIER_NICE,
 ) -> list[Child]:
     """The processes to start (the gateway, then the router last); raises ConfigError if a
     model folder is missing. `replicas` runs that many processes of a tier ("small", "small-2",
     ...; those past the first on free ports, metrics off), all given to the router. `secure`
-    gives every child its TLS and key environment. `echo` runs echo tiers (no model)."""
+    gives every child its TLS and key environment. `echo` runs echo tiers (no model).
+    `tier_nice` is added to the tiers' nice value (0: the launcher's priority)."""
     xds_tls = secure.router_xds_tls() if secure is not None else None
     children = _plan_children(
         base_port, models, device, run_dir, mesh, http_port, replicas, xds_tls, echo=echo
     )
+    for child in children:
+        if child.name.split("-")[0] in TIER_NAMES:
+            child.nice = tier_nice
     if secure is not None:
         for child in children:
             child.env = {**(child.env or {}), **secure.env_for(child.name)}
@@ -294,6 +300,7 @@ def run_mesh(
     replicas: dict[str, int] | None = None,
     secure: bool = False,
     echo: EchoSettings | None = None,
+    tier_nice: int = TIER_NICE,
 ) -> int:
     console = console or Console()
     run_dir = Path(env.run_dir())
@@ -314,6 +321,7 @@ def run_mesh(
             replicas=replicas,
             secure=secure_run,
             echo=echo,
+            tier_nice=tier_nice,
         )
     except ConfigError as e:
         console.print(f"[red]tiermesh run:[/red] {e}")

@@ -1,6 +1,8 @@
 """Keeps `tiermesh run`'s children alive: a child that exits is restarted after an exponential
 backoff while the others keep serving, each restart is shown, and only a child that crashes
-`max_crashes` times within `window_s` stops the whole mesh, with a message saying so. Every
+`max_crashes` times within `window_s` stops the whole mesh, with a message saying so. The
+backoff grows only while a child crash-loops: one that had been serving for `stable_s` before it
+died is restarted after the first backoff again. Every
 child's pid is kept in the run directory's pids.json. Stopping goes front to back: the gateway
 and the router first (they drain their clients), then the control plane and the tiers.
 
@@ -43,10 +45,13 @@ Child = TypeVar("Child", bound=Process)
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    base_s: float = 0.5  # first restart after this; doubles with each crash in the window
+    base_s: float = 0.5  # first restart after this; doubles with each crash in a loop
     max_s: float = 8.0  # longest wait before a restart
     max_crashes: int = 5  # this many crashes of one child within window_s stop everything
     window_s: float = 60.0
+    # a child that served this long before it crashed was not crash-looping: its restart waits
+    # base_s again (the crash still counts toward max_crashes)
+    stable_s: float = 10.0
 
 
 @dataclass
@@ -55,6 +60,8 @@ class _ChildState:
     restart_at: float | None = None  # set while waiting to restart
     starting: bool = False  # restarted, not yet healthy again
     restarts: int = 0
+    serving_since: float | None = None  # when a restart was seen healthy
+    looping: int = 0  # crashes since the child last served for stable_s
 
 
 class Supervisor(Generic[Child]):
@@ -96,6 +103,7 @@ class Supervisor(Generic[Child]):
             if code is None:
                 if state.starting and self._healthy(child):
                     state.starting = False
+                    state.serving_since = now
                     self._console.print(
                         f"[green]✓[/green] {child.name} serving again on {child.address} "
                         f"(restart {state.restarts})"
@@ -119,7 +127,10 @@ class Supervisor(Generic[Child]):
                 f"{child.name} crashed {len(state.crashes)} times within "
                 f"{policy.window_s:.0f} s (last: {how}); stopping every service"
             )
-        delay = min(policy.max_s, policy.base_s * 2 ** (len(state.crashes) - 1))
+        stable = state.serving_since is not None and now - state.serving_since >= policy.stable_s
+        state.looping = 1 if stable else state.looping + 1
+        state.serving_since = None
+        delay = min(policy.max_s, policy.base_s * 2 ** (state.looping - 1))
         state.restart_at = now + delay
         self._console.print(
             f"[yellow]restarting {child.name} in {delay:.1f} s[/yellow] "

@@ -1,12 +1,14 @@
 """`tiermesh run`'s supervisor against real (tiny, model-free) child processes: a killed child
 is restarted after its backoff with a new pid in pids.json, repeated crashes in the window stop
 everything with a message, and stopping goes gateway, router, then the rest. The clock is
-passed in, so backoffs are checked without waiting for them. And the plan of `--replicas`."""
+passed in, so backoffs are checked without waiting for them. And the plan of `--replicas` and
+of the tiers' lower CPU priority."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import signal
 import sys
 import time
@@ -17,6 +19,7 @@ import pytest
 from rich.console import Console
 
 from services.launcher.local_mesh import Child, plan_children
+from services.launcher.run_options import TIER_NICE
 from services.launcher.supervisor import RestartPolicy, Supervisor, stop_in_order
 
 SLEEPER = "import time; time.sleep(60)"
@@ -76,6 +79,31 @@ def test_a_killed_child_is_restarted_after_its_backoff(
     kill(small)  # a second crash within the window waits twice as long
     supervisor.poll(now=101.0)
     assert "restarting small in 1.0 s" in out.getvalue()
+
+
+def test_a_child_that_served_for_stable_s_before_it_crashed_restarts_after_the_first_backoff(
+    children: list[Child], tmp_path: Path
+) -> None:
+    out = io.StringIO()
+    supervisor = Supervisor(children, lambda c: True, Console(file=out, width=200), tmp_path / "p")
+    small = children[0]
+    kill(small)
+    supervisor.poll(now=100.0)
+    supervisor.poll(now=100.5)  # restarted
+    supervisor.poll(now=100.6)  # serving again
+    kill(small)  # a crash loop: 0.4 s after it served again
+    supervisor.poll(now=101.0)
+    assert "restarting small in 1.0 s (crash 2 of 5" in out.getvalue()
+    supervisor.poll(now=102.0)
+    supervisor.poll(now=102.1)  # serving again
+    kill(small)  # served 10 s: not a loop, though the crash still counts
+    supervisor.poll(now=112.1)
+    assert "restarting small in 0.5 s (crash 3 of 5" in out.getvalue()
+    supervisor.poll(now=112.6)
+    supervisor.poll(now=112.7)
+    kill(small)
+    supervisor.poll(now=113.0)
+    assert "restarting small in 1.0 s (crash 4 of 5" in out.getvalue()
 
 
 def test_repeated_crashes_in_the_window_stop_everything(
@@ -143,3 +171,50 @@ def test_replicas_are_planned_as_more_children_given_to_the_router(tmp_path: Pat
     second_port = meshed[1].address.rsplit(":", 1)[1]
     topology = (tmp_path / "logs" / "topology.yaml").read_text()
     assert "127.0.0.1:9010\n" in topology and f"127.0.0.1:{second_port}\n" in topology
+
+
+def test_tiers_are_planned_at_a_lower_cpu_priority_than_the_router_and_gateway(
+    tmp_path: Path,
+) -> None:
+    models = {}
+    for tier in ("small", "medium", "large"):
+        (tmp_path / tier).mkdir()
+        (tmp_path / tier / "config.json").write_text("{}")
+        models[tier] = tmp_path / tier
+    planned = plan_children(9000, models, None, tmp_path / "logs", replicas={"large": 2})
+    nice = {c.name: c.nice for c in planned}
+    assert nice == {
+        "small": TIER_NICE,
+        "medium": TIER_NICE,
+        "large": TIER_NICE,
+        "large-2": TIER_NICE,
+        "gateway": 0,
+        "router": 0,
+    }
+    same = plan_children(9000, models, None, tmp_path / "logs", tier_nice=0)
+    assert {c.nice for c in same} == {0}
+
+
+def test_a_child_with_a_nice_value_runs_and_restarts_below_the_launchers_priority(
+    tmp_path: Path,
+) -> None:
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    tier, router = child(tmp_path, "small"), child(tmp_path, "router")
+    tier.nice = 7
+    for c in (tier, router):
+        c.start()
+    try:
+        supervisor = Supervisor(
+            [tier, router], lambda c: True, Console(file=io.StringIO()), tmp_path / "p.json"
+        )
+        assert tier.process is not None and router.process is not None
+        assert os.getpriority(os.PRIO_PROCESS, tier.process.pid) == min(own + 7, 19)
+        assert os.getpriority(os.PRIO_PROCESS, router.process.pid) == own
+        first = tier.process.pid
+        kill(tier)
+        supervisor.poll(now=0.0)
+        supervisor.poll(now=1.0)  # restarted after its 0.5 s backoff
+        assert tier.process.pid != first and tier.exited() is None
+        assert os.getpriority(os.PRIO_PROCESS, tier.process.pid) == min(own + 7, 19)
+    finally:
+        stop_in_order([tier, router], grace_s=5)
