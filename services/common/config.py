@@ -41,6 +41,10 @@ class TierConfig:
     max_prompt_tokens: int = 512  # longest rendered prompt accepted, in tokens
     tokens_per_chunk: int = 4  # tokens per streamed chunk after the first
     torch_threads: int = 1  # torch intra-op threads for this process
+    # nice levels the model's compute threads (load, batch loop, decode) run below the tier's
+    # own gRPC and event-loop threads, so admission, refusals and streaming never wait on a
+    # decode step for a CPU; 0 = the same priority
+    compute_nice: int = 5
     batching: bool = True  # continuous batching over a KV-cache pool (GPT-2 models), else
     # one decode thread per request with its own growing cache
     kv_max_len: int = 0  # positions per KV-cache pool slot; 0 = the model's context length
@@ -67,6 +71,7 @@ class TierConfig:
         for name in ("max_running", "max_tokens", "max_prompt_tokens", "torch_threads"):
             _require(getattr(self, name) >= 1, name, "must be >= 1")
         _require(self.max_queued >= 0, "max_queued", "must be >= 0")
+        _require(0 <= self.compute_nice <= 19, "compute_nice", "must be in [0, 19]")
         _require(1 <= self.tokens_per_chunk <= 64, "tokens_per_chunk", "must be in [1, 64]")
         _require(self.drain_grace_s >= 0, "drain_grace_s", "must be >= 0")
         _require(self.kv_max_len >= 0, "kv_max_len", "must be >= 0")

@@ -34,6 +34,7 @@ from services.tier.model_fingerprint import folder_fingerprint
 from services.tier.model_loading import LoadedModel, load_causal_lm
 from services.tier.pooled_models import pooled_passes
 from services.tier.prepared_request import PreparedRequest, PromptFormat
+from services.tier.thread_priority import lower_this_thread
 
 log = logging.getLogger(__name__)
 # How long a stream that ended waits for the scheduler to free its pool slot (one step, normally)
@@ -68,7 +69,10 @@ class TorchEngine(EngineLifecycle):
         cfg = self._config
         loop = asyncio.get_running_loop()
         self._torch_thread = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=f"torch-{cfg.name}"
+            max_workers=1,
+            thread_name_prefix=f"torch-{cfg.name}",
+            initializer=lower_this_thread,
+            initargs=(cfg.compute_nice,),
         )
         started = time.perf_counter()
         loaded = await loop.run_in_executor(
@@ -108,7 +112,10 @@ class TorchEngine(EngineLifecycle):
         else:
             log.info("tier %s: one decode thread per request (%s)", cfg.name, passes)
             self._executor = ThreadPoolExecutor(
-                max_workers=cfg.max_running, thread_name_prefix=f"decode-{cfg.name}"
+                max_workers=cfg.max_running,
+                thread_name_prefix=f"decode-{cfg.name}",
+                initializer=lower_this_thread,
+                initargs=(cfg.compute_nice,),
             )
         self._loaded = loaded
         log.info(
