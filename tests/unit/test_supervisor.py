@@ -39,6 +39,16 @@ def child(tmp_path: Path, name: str, *args: str, code: str = SLEEPER) -> Child:
     return Child(name, "127.0.0.1:1", command, tmp_path / f"{name}.log")
 
 
+def model_folders(tmp_path: Path) -> dict[str, Path]:
+    """A folder per tier that passes plan_children's check for a model (nothing is started)."""
+    models = {}
+    for tier in ("small", "medium", "large"):
+        (tmp_path / tier).mkdir()
+        (tmp_path / tier / "config.json").write_text("{}")
+        models[tier] = tmp_path / tier
+    return models
+
+
 @pytest.fixture
 def children(tmp_path: Path) -> Iterator[list[Child]]:
     started = [child(tmp_path, name) for name in ("small", "router")]
@@ -153,11 +163,7 @@ def test_stop_drains_gateway_then_router_then_the_rest(tmp_path: Path) -> None:
 
 
 def test_replicas_are_planned_as_more_children_given_to_the_router(tmp_path: Path) -> None:
-    models = {}
-    for tier in ("small", "medium", "large"):
-        (tmp_path / tier).mkdir()
-        (tmp_path / tier / "config.json").write_text("{}")
-        models[tier] = tmp_path / tier
+    models = model_folders(tmp_path)
     children = plan_children(9000, models, None, tmp_path / "logs", replicas={"small": 2})
     names = [c.name for c in children]
     assert names[:4] == ["small", "small-2", "medium", "large"] and names[-1] == "router"
@@ -176,11 +182,7 @@ def test_replicas_are_planned_as_more_children_given_to_the_router(tmp_path: Pat
 def test_tiers_are_planned_at_a_lower_cpu_priority_than_the_router_and_gateway(
     tmp_path: Path,
 ) -> None:
-    models = {}
-    for tier in ("small", "medium", "large"):
-        (tmp_path / tier).mkdir()
-        (tmp_path / tier / "config.json").write_text("{}")
-        models[tier] = tmp_path / tier
+    models = model_folders(tmp_path)
     planned = plan_children(9000, models, None, tmp_path / "logs", replicas={"large": 2})
     nice = {c.name: c.nice for c in planned}
     assert nice == {
