@@ -56,7 +56,8 @@ class RevisionRelay:
         try:
             async for chunk in chunks if chunks is not None else call.chunks():
                 if outcome.started:
-                    yield delta(revision, chunk.text, [chunk])
+                    if chunk.text or chunk.token_ids:  # a last chunk of only finish and usage
+                        yield delta(revision, chunk.text, [chunk])  # ends the revision alone
                     continue
                 held.append(chunk)
                 keep = 0

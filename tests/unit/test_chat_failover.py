@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from tiermesh.v1 import router_pb2, tier_pb2
+from tiermesh.v1 import common_pb2, router_pb2, tier_pb2
 
 from services.common.validation import MAX_REQUEST_ID_CHARS
 from services.router.chat_events import SessionEvent
 from services.router.chat_outcomes import UpstreamFailed
 from services.router.chat_plan import ChatPlan, SessionClock, tier_request_id
 from services.router.chat_session import ChatSession
-from tests.fakes.fake_tier_channels import FakeTierChannels, answer, broken, failure, silent_after
+from tests.fakes.fake_tier_channels import (
+    FakeTierChannels,
+    Step,
+    answer,
+    broken,
+    failure,
+    silent_after,
+)
 from tests.unit.test_chat_session import ended, final, kinds, refinement, revision_text, wire
 
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
@@ -295,6 +302,33 @@ async def test_replica_dying_mid_answer_is_continued_by_another_replica() -> Non
     (end,) = [e.revision_end for e in wire(events) if e.HasField("revision_end")]
     assert end.finish_reason == "stop" and end.usage.completion_tokens == len(ANSWER)
     assert "medium" not in channels.calls
+
+
+async def test_a_continuation_with_only_a_last_chunk_relays_no_empty_delta() -> None:
+    # small-a streamed every token, then died before its last chunk; the other replica answers
+    # the continuation with that last chunk alone: no text, no tokens, the finish and usage
+    whole = answer(ANSWER)
+    last = whole[-1].chunk
+    assert last is not None
+    last.ClearField("finish_reason")
+    last.ClearField("usage")
+    end_only = tier_pb2.GenerateChunk(finish_reason="length")
+    # as the whole script counts it; the fake counts the continued tokens as prompt
+    end_only.usage.CopyFrom(common_pb2.Usage(prompt_tokens=5, completion_tokens=len(ANSWER)))
+    scripts = {
+        "small-a": broken(ANSWER, UNAVAILABLE, "killed"),
+        "small": [*whole, Step(0.0, chunk=end_only)],
+    }
+    events = await run(
+        plan(ROUTED, ("small",), ("medium",)), FakeTierChannels(scripts, SMALL_REPLICAS)
+    )
+    deltas = [e.delta for e in wire(events) if e.HasField("delta")]
+    assert [d.text for d in deltas] == ANSWER  # the last chunk added no Delta
+    answer_ = check_answer_is_its_revisions_deltas(events)
+    assert answer_.text == "The price is $5"
+    assert "another small replica continued revision 0" in answer_.reason
+    (end,) = [e.revision_end for e in wire(events) if e.HasField("revision_end")]
+    assert end.finish_reason == "length"
 
 
 async def test_a_continuation_names_its_model_and_one_refused_for_it_goes_on() -> None:
