@@ -1,17 +1,18 @@
 """One child process of a locally started mesh: its command, log file, address and health
-endpoint, and how to start it with the parent's environment (stopped with its parent).
+endpoint, how to start it with the parent's environment (stopped with its parent) and at what CPU
+priority.
 
 Knows subprocesses and files only; what runs in the child is the caller's business.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.common.cpu_priority import lower_priority
 from services.common.parent_watch import child_environment
 
 SERVICES_DIR = Path(__file__).resolve().parent.parent
@@ -40,8 +41,7 @@ class Child:
                 cwd=SERVICES_DIR.parent,
                 env=child_env,
             )
-        if self.nice > 0:
-            lower_priority(self.process.pid, self.nice)
+        lower_priority(self.process.pid, self.nice)
 
     def exited(self) -> int | None:
         return None if self.process is None else self.process.poll()
@@ -51,10 +51,3 @@ class Child:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
-
-
-def lower_priority(pid: int, nice: int) -> None:
-    """Raises a just-started process's nice value by `nice` (its threads, all made after this,
-    inherit it). A process that already exited is left alone."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, pid) + nice)

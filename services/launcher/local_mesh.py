@@ -99,11 +99,8 @@ def plan_children(
     `tier_nice` is added to the tiers' nice value (0: the launcher's priority)."""
     xds_tls = secure.router_xds_tls() if secure is not None else None
     children = _plan_children(
-        base_port, models, device, run_dir, mesh, http_port, replicas, xds_tls, echo=echo
+        base_port, models, device, run_dir, mesh, http_port, replicas, xds_tls, echo, tier_nice
     )
-    for child in children:
-        if child.name.split("-")[0] in TIER_NAMES:
-            child.nice = tier_nice
     if secure is not None:
         for child in children:
             child.env = {**(child.env or {}), **secure.env_for(child.name)}
@@ -120,6 +117,7 @@ def _plan_children(
     replicas: dict[str, int] | None,
     xds_tls: XdsTls | None = None,
     echo: EchoSettings | None = None,
+    tier_nice: int = TIER_NICE,
 ) -> list[Child]:
     children = []
     tier_targets = []
@@ -142,14 +140,15 @@ def _plan_children(
         if port is not None and base_port is not None:
             command += ["--port", str(port), "--metrics-port", str(base_port + 20 + index)]
         address = f"{config.host}:{config.port}"
-        children.append(Child(tier, address, command, run_dir / f"{tier}.log"))
+        children.append(Child(tier, address, command, run_dir / f"{tier}.log", nice=tier_nice))
         addresses, tier_ports[tier] = [address], [config.port]
         for n in range(2, (replicas or {}).get(tier, 1) + 1):
             name, port = f"{tier}-{n}", free_port()
             replica = [*tier_command, "--port", str(port), "--metrics-port", "0"]
             addresses.append(f"{config.host}:{port}")
             tier_ports[tier].append(port)
-            children.append(Child(name, addresses[-1], replica, run_dir / f"{name}.log"))
+            log_path = run_dir / f"{name}.log"
+            children.append(Child(name, addresses[-1], replica, log_path, nice=tier_nice))
         tier_targets += ["--tier", f"{tier}={','.join(addresses)}"]
     router_port = 50051 if base_port is None else base_port
     router_address = f"127.0.0.1:{router_port}"

@@ -56,8 +56,9 @@ class RevisionRelay:
         try:
             async for chunk in chunks if chunks is not None else call.chunks():
                 if outcome.started:
-                    if chunk.text or chunk.token_ids:  # a last chunk of only finish and usage
-                        yield delta(revision, chunk.text, [chunk])  # ends the revision alone
+                    # a last chunk of only its finish and usage has no Delta: RevisionEnd says both
+                    if chunk.text or chunk.token_ids:
+                        yield delta(revision, chunk.text, [chunk])
                     continue
                 held.append(chunk)
                 keep = 0

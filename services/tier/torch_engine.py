@@ -22,6 +22,7 @@ from dataclasses import replace
 import torch
 
 from services.common.config import TierConfig
+from services.common.cpu_priority import lower_this_thread
 from services.common.errors import Overloaded
 from services.tier.batch_scheduler import BatchScheduler, Sequence
 from services.tier.chunk_channel import ChunkChannel
@@ -34,7 +35,6 @@ from services.tier.model_fingerprint import folder_fingerprint
 from services.tier.model_loading import LoadedModel, load_causal_lm
 from services.tier.pooled_models import pooled_passes
 from services.tier.prepared_request import PreparedRequest, PromptFormat
-from services.tier.thread_priority import lower_this_thread
 
 log = logging.getLogger(__name__)
 # How long a stream that ended waits for the scheduler to free its pool slot (one step, normally)

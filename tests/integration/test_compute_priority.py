@@ -16,9 +16,12 @@ from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
 from services.common.config import TierConfig
 from services.tier.server import start_tier
-from services.tier.thread_priority import thread_nice
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice is Linux's")
+
+
+def thread_nice(thread_id: int) -> int:
+    return os.getpriority(os.PRIO_PROCESS, thread_id)
 
 
 def _nice_of(prefix: str) -> set[int]:
