@@ -20,6 +20,7 @@ from services.common import env
 from services.common.config import GatewayConfig, load_config
 from services.common.errors import TiermeshError
 from services.common.grpc_service import configure_logging
+from services.common.heap import freeze_heap
 from services.common.parent_watch import stop_with_parent
 from services.common.telemetry import setup_telemetry
 from services.gateway.app import create_app
@@ -89,8 +90,10 @@ async def _serve(config: GatewayConfig) -> None:
     telemetry = setup_telemetry("gateway")
     sock = _bind(config.host, config.port)
     log.info("gateway on http://%s:%d, router %s", config.host, config.port, config.router)
+    server = uvicorn.Server(_uvicorn_config(config))
+    freeze_heap()  # imports and the app out of the collector's reach (services/common/heap.py)
     try:
-        await uvicorn.Server(_uvicorn_config(config)).serve(sockets=[sock])
+        await server.serve(sockets=[sock])
     finally:
         telemetry.shutdown()
 

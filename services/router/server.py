@@ -26,6 +26,7 @@ from services.common.grpc_service import (
     serve_until_signalled,
     start_server,
 )
+from services.common.heap import freeze_heap
 from services.common.parent_watch import stop_with_parent
 from services.common.telemetry import setup_telemetry
 from services.router.outlier import OutlierDetector
@@ -155,6 +156,7 @@ def parse_tier_targets(values: list[str]) -> dict[str, str] | None:
 
 async def _serve(config: RouterConfig, security: ServiceSecurity) -> None:
     telemetry = setup_telemetry("router", prometheus_port=config.metrics_port)
+    freeze_heap()  # imports and set-up out of the collector's reach (services/common/heap.py)
     router = await start_router(config, security)
     log.info("router on %s, tiers %s", router.address, config.tiers)
     await serve_until_signalled(router.running, config.drain_grace_s, router.close_upstream)

@@ -27,6 +27,7 @@ from services.common.grpc_service import (
     serve_until_signalled,
     start_server,
 )
+from services.common.heap import freeze_heap
 from services.common.parent_watch import stop_with_parent
 from services.common.telemetry import setup_telemetry
 from services.security.settings import ServiceSecurity
@@ -80,7 +81,8 @@ async def start_tier(
     """Starts the server (NOT_SERVING), loads the model, then reports SERVING. `security`
     (TLS, the callers allowed) from the environment in `main`; plaintext when None.
     `own_process`: the process is this tier's alone, so its age counts as the "imports" phase
-    of the start-up breakdown (GetStatus)."""
+    of the start-up breakdown (GetStatus), and its heap is frozen before SERVING (the
+    "heap_freeze" phase; services/common/heap.py)."""
     startup = StartupRecord(
         imports_s=process_age_s() if own_process else None,
         weights_loading=config.weights_loading if config.engine == "torch" else "",
@@ -112,7 +114,10 @@ async def start_tier(
     except BaseException:
         await running.server.stop(0)
         raise
-    startup.serving(model_code_s | engines.startup_s)
+    phases = model_code_s | engines.startup_s
+    if own_process:  # the heap built so far is the tier's for good: out of the collector's reach
+        phases["heap_freeze"] = freeze_heap().seconds
+    startup.serving(phases)
     await running.set_serving(True)
     log.info("tier %s: SERVING after %s", config.name, startup.describe())
     return TierServer(config, engines, running)
