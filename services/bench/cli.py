@@ -104,7 +104,9 @@ def print_engine_report(report: dict[str, Any], console: Console) -> None:
             console.print(f"tiermesh / sequential generate at {level} streams: {ratio:.2f}x")
     bw = report["bandwidth"]
     console.print(
-        f"batch-1 decode {bw['batch1_tokens_per_s']} tok/s = {bw['fraction_of_bound']:.0%} of the "
+        f"batch 1: decode {bw['batch1_decode_tokens_per_s']} tok/s = "
+        f"{bw['decode_fraction_of_bound']:.0%}, whole requests (prefill included) "
+        f"{bw['batch1_tokens_per_s']} tok/s = {bw['fraction_of_bound']:.0%} of the "
         f"memory-bandwidth bound ({bw['bound_tokens_per_s']} tok/s at "
         f"{bw['copy_bandwidth_gb_s']} GB/s copy, {bw['weights_bytes'] / 1e6:.1f} MB weights)"
     )

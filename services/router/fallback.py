@@ -1,8 +1,9 @@
 """Health- and load-aware fallback: when the chosen tier is down (its reports say so, or it was
 ejected for failing), would break its TTFT SLO, has no room, or its load is unknown, the request
 goes to the next tier in the configured fallback order. Unknown load never counts as room.
-When every tier of the chain reports itself full, or refused a call at the load it last
-reported (TierLoad.refusing), the request is refused at once (TiersFull).
+When every tier of the chain reports itself full (both its limits reached, or its expected
+wait for a slot past the longest it queues a request for), or refused a call at the load it
+last reported (TierLoad.refusing), the request is refused at once (TiersFull).
 
 Pure decision logic over TierLoad snapshots and a `down` question; knows nothing of gRPC.
 """
@@ -46,6 +47,11 @@ def refusal(tier: str, load: TierLoad | None, config: RouterConfig, down: Down) 
         return f"{tier} not serving"
     if load.refusing:
         return f"{tier} refused a call at {load.running} running, {load.queued} queued"
+    if load.wait_too_long:
+        return (
+            f"{tier} full (expected wait {load.expected_wait_ms / 1000:.2f} s over its "
+            f"{load.max_wait_ms / 1000:.2f} s limit; {load.running} running, {load.queued} queued)"
+        )
     if load.queue_full:
         return f"{tier} full ({load.running} running, {load.queued} queued)"
     slo = config.ttft_slo_ms.get(tier)

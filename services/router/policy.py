@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 
@@ -42,12 +42,38 @@ class TierLoad:
     kv_pool_used_tokens: int = 0
     kv_pool_capacity_tokens: int = 0
     refusing: bool = False  # it refused a call for overload since this report, at this load
+    # its admission's expected wait for a new request, and the longest it queues one for; it
+    # refuses at once past that (0: not reported)
+    expected_wait_ms: float = 0.0
+    max_wait_ms: float = 0.0
+
+    @property
+    def wait_too_long(self) -> bool:
+        """By this report the tier would refuse a new request for its expected wait."""
+        return 0 < self.max_wait_ms < self.expected_wait_ms
 
     @property
     def queue_full(self) -> bool:
-        """Takes no more requests: both limits reached, or it refused one at this load."""
+        """Takes no more requests: both limits reached, its expected wait past the longest it
+        queues for, or it refused one at this load."""
         full = self.queued >= self.max_queued and self.running >= self.max_running
-        return self.refusing or full
+        return self.refusing or full or self.wait_too_long
+
+    def after_calls(self, change: int) -> TierLoad:
+        """This load as it stands after `change` more calls (fewer, if negative) than at the
+        report: calls take free running slots first, then queue. The expected wait then
+        counts one hand-over (the time the report's own wait implies) per request ahead; with
+        a slot free at the report that time is unknown, so a wait is predicted only once the
+        report itself had one."""
+        total = max(0, self.running + self.queued + change)
+        running = min(self.max_running, total)
+        queued = total - running
+        wait = self.expected_wait_ms
+        if running < self.max_running:
+            wait = 0.0
+        elif self.running >= self.max_running or self.queued > 0:  # it was (queued+1) hand-overs
+            wait = self.expected_wait_ms / (self.queued + 1) * (queued + 1)
+        return replace(self, running=running, queued=queued, expected_wait_ms=wait)
 
     @property
     def fill(self) -> float:

@@ -113,6 +113,7 @@ async def start_router(
     )
     health = TierHealth(channels.replicas, watcher, outliers)
     channels.picker = health.pick
+    channels.on_call = watcher.track_call
     servicer = RouterServicer(
         config,
         channels,

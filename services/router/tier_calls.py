@@ -140,6 +140,7 @@ class TierChannels:
             for endpoint, channel in self._channels.items()
         }
         self.picker: Picker | None = None
+        self.on_call: Callable[[str, grpc.aio.Call], None] | None = None  # each call started
 
     def endpoints(self, tier: str) -> tuple[str, ...]:
         return self.replicas[tier]
@@ -167,6 +168,8 @@ class TierChannels:
         call: GenerateStream = self._stubs[endpoint].Generate(
             request, timeout=timeout_s, metadata=tuple(metadata)
         )
+        if self.on_call is not None:
+            self.on_call(endpoint, call)
         return call
 
     async def close(self) -> None:

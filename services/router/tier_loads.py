@@ -7,7 +7,10 @@ failure. A replica reads as down (`endpoint_down()` gives the reason) while its 
 broken or silent for longer than `stale_s` (a hung process), or its health says NOT_SERVING (a
 draining tier says so at once, and the router then leaves both its streams so that they do not
 hold the drain open); its load then reads as unknown (None), which never counts as room. A
-tier's load, for the policies, is that of its least loaded replica that is up. A replica that
+tier's load, for the policies, is that of its least loaded replica that is up. Between two
+reports a replica's load is its last report moved on by the calls this router has started and
+seen end there since (`track_call`), never below the report: a burst that fills a replica
+between reports reads as filling it, not as the room it had at the report. A replica that
 refused a call for overload (`note_refusal`) reads as full (`TierLoad.refusing`) until its next
 load report: until then the router refuses at once itself (or falls back) instead of sending it
 calls it would refuse; at most one call per replica and report interval learns afresh. Knows
@@ -48,6 +51,8 @@ def load_from_status(status: tier_pb2.TierStatus) -> TierLoad:
         ttft_ms_p99=status.recent_ttft_ms_p99,
         kv_pool_used_tokens=status.kv_pool_used_tokens,
         kv_pool_capacity_tokens=status.kv_pool_capacity_tokens,
+        expected_wait_ms=status.expected_wait_ms,
+        max_wait_ms=status.max_wait_ms,
     )
 
 
@@ -60,7 +65,7 @@ class LiveLoads(Mapping[str, TierLoad | None]):
     def __getitem__(self, tier: str) -> TierLoad | None:
         loads = [self._watcher.endpoint_load(e) for e in self._watcher.replicas[tier]]
         known = [load for load in loads if load is not None]
-        return min(known, key=lambda load: (load.refusing, load.fill), default=None)
+        return min(known, key=lambda load: (load.queue_full, load.fill), default=None)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._watcher.replicas)
@@ -82,6 +87,8 @@ class TierLoadWatcher:
             endpoints, "has not reported its load yet"
         )
         self._refused: dict[str, TierLoad] = {}  # endpoint -> the report it refused under
+        # calls this router started on the replica since its last report, less those ended
+        self._calls_since_report: dict[str, int] = dict.fromkeys(endpoints, 0)
         self._health: dict[str, str] = {}  # endpoint -> last health status name
         self._draining: set[str] = set()  # went NOT_SERVING after SERVING; cleared when back
         self._load_calls: dict[str, grpc.aio.UnaryStreamCall[Any, Any]] = {}
@@ -127,9 +134,26 @@ class TierLoadWatcher:
         if self.endpoint_down(endpoint) is not None:
             return None
         load = self.reported[endpoint]
-        if load is None or self._refused.get(endpoint) is not load:
-            return load
-        return replace(load, refusing=True)
+        if load is None:
+            return None
+        refusing = self._refused.get(endpoint) is load
+        # never below the report: a call started just before it may not have reached the tier
+        # by then, and it would be counted out when it ends without ever having been counted in
+        change = self._calls_since_report.get(endpoint, 0)
+        if change > 0:
+            load = load.after_calls(change)
+        return replace(load, refusing=True) if refusing else load
+
+    def track_call(self, endpoint: str, call: grpc.aio.Call) -> None:
+        """A call to the replica started now: it counts toward the replica's load until it ends
+        or the replica's next report (which counts it itself)."""
+        if endpoint not in self._calls_since_report:
+            return
+        self._calls_since_report[endpoint] += 1
+        call.add_done_callback(lambda _: self._call_ended(endpoint))
+
+    def _call_ended(self, endpoint: str) -> None:
+        self._calls_since_report[endpoint] -= 1
 
     def note_refusal(self, endpoint: str) -> None:
         """A call to the replica was refused for overload: it reads as full until its next
@@ -146,6 +170,7 @@ class TierLoadWatcher:
             try:
                 async for status in call:
                     self.reported[endpoint] = load_from_status(status)
+                    self._calls_since_report[endpoint] = 0
                     self._refused.pop(endpoint, None)
                     self._reported_at[endpoint] = time.monotonic()
                     self._load_error[endpoint] = None

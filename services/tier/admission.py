@@ -7,12 +7,13 @@ or when its expected wait for a running slot is longer than it may wait: its dea
 the requests ahead of it times the mean time between slot hand-overs while requests wait (an
 exponential average; before one is measured, the mean time a slot is held, a cautious guess),
 times a correction from reality: how long queued requests really waited against what was
-expected of them (an exponential average of the ratio), or, when larger, the ratio of the oldest
-request still waiting so far, so a burst that outruns the measured rate is refused before the
-queue fills with requests that cannot start in time. A queued request is then served: it is
-refused late only if it still waits after `LATE_FACTOR` times its budget (the estimate was badly
-wrong), or once 90% of its deadline has passed (so that the refusal, not DEADLINE_EXCEEDED,
-reaches the client). Knows nothing of models or gRPC. Not thread-safe: use from one event loop.
+expected of them (an exponential average of the ratio, never below 1), or, when larger, the
+ratio of the oldest request still waiting so far, so a burst that outruns the measured rate is
+refused before the queue fills with requests that cannot start in time. A queued request is
+then served: it is refused late only if it still waits after `LATE_FACTOR` times its budget
+(the estimate was badly wrong), or once 90% of its deadline has passed (so that the refusal,
+not DEADLINE_EXCEEDED, reaches the client). Knows nothing of models or gRPC. Not thread-safe:
+use from one event loop.
 """
 
 from __future__ import annotations
@@ -31,7 +32,11 @@ FIRST_HOLD_S = 1.0  # a running slot's assumed hold time until one has been meas
 HOLD_WEIGHT = 0.2  # weight of the newest hold time in the running average
 HANDOVER_WEIGHT = 0.1  # weight of the newest time between hand-overs in its running average
 RATIO_WEIGHT = 0.2  # weight of the newest real / expected wait in its running average
-RATIO_BOUNDS = (0.5, 4.0)  # the correction never goes past these
+# the correction never goes past these. Never below 1: waits shorter than expected (requests
+# that left the queue early) say nothing of how fast the next hand-overs come, and trusting them
+# (down to 0.5) queued requests expected at up to twice the budget that then waited past the
+# LATE_FACTOR backstop, refused after 10 s instead of at once
+RATIO_BOUNDS = (1.0, 4.0)
 
 
 class QueueRefused(Overloaded):

@@ -93,6 +93,10 @@ class EngineLoad:
     # the engine has no such loop
     decode_busy_share: float = 0.0
     model_fingerprint: str = ""  # the checkpoint's (model_fingerprint.py); "" for no folder
+    # admission's expected wait for a running slot of a request arriving now, and the longest
+    # it queues one for (a longer expected wait is refused at once); 0 when unknown
+    expected_wait_ms: float = 0.0
+    max_wait_ms: float = 0.0
 
 
 class Engine(Protocol):

@@ -230,6 +230,8 @@ class EngineLifecycle(ABC):
             max_tokens=cfg.max_tokens,
             decode_busy_share=footprint.decode_busy_share,
             model_fingerprint=self._model_fingerprint,
+            expected_wait_ms=self._admission.expected_wait_s() * 1000,
+            max_wait_ms=self._admission.max_wait_s * 1000,
         )
 
     async def shutdown(self) -> None:

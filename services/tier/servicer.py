@@ -205,6 +205,8 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
             decode_busy_share=load.decode_busy_share,
             model_id=model_id(self._tier, load.model),
             model_fingerprint=load.model_fingerprint,
+            expected_wait_ms=load.expected_wait_ms,
+            max_wait_ms=load.max_wait_ms,
             startup_phases=[
                 tier_pb2.StartupPhase(name=name, seconds=seconds)
                 for name, seconds in self.startup.phases

@@ -29,4 +29,5 @@ def test_bench_engine_json(tiny_model_dir: Path) -> None:
     assert all(row["matches_generate"] for row in report["rows"])
     assert report["ratio_vs_generate_at_3"] > 0
     assert report["bandwidth"]["fraction_of_bound"] > 0
+    assert report["bandwidth"]["decode_fraction_of_bound"] > 0
     assert "engine benchmark" in run.stderr

@@ -12,8 +12,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from tiermesh.client import AsyncRouterClient, ChatError
+from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
 from services.common.config import TierConfig
 from services.tier.engine import GenerationRequest
@@ -87,8 +89,10 @@ async def test_a_burst_of_three_times_capacity_ends_in_answers_or_refusals(mesh:
 
 
 async def _router_sees_running(mesh: Mesh, tier: str, running: int) -> None:
-    """Waits until the router's last load report of `tier` shows `running` requests."""
-    while (load := mesh.router.watcher.loads[tier]) is None or load.running != running:
+    """Waits until the router's last load report of `tier` (the report itself, not the calls
+    the router counted since) shows `running` requests."""
+    reported = mesh.router.watcher.reported
+    while (load := reported[mesh.tiers[tier].address]) is None or load.running != running:
         await asyncio.sleep(0.01)
 
 
@@ -175,17 +179,27 @@ def one_slot_small(max_queued: int) -> dict[str, Any]:
     }
 
 
+async def _queue_directly(mesh: Mesh, tier: str) -> list[tier_pb2.GenerateChunk]:
+    """A request sent to the tier itself, not through the router (as another router would):
+    the router learns of it only from the tier's next load report."""
+    async with grpc.aio.insecure_channel(mesh.tiers[tier].address) as channel:
+        request = tier_pb2.GenerateRequest(request_id="direct", prompt="Hi", max_tokens=2)
+        stub = tier_pb2_grpc.TierServiceStub(channel)
+        return [chunk async for chunk in stub.Generate(request, timeout=30)]
+
+
 async def test_a_tier_that_refused_is_full_to_the_router_until_its_next_load_report(
     tmp_path: Path,
 ) -> None:
-    """Once small has refused a chat for capacity (its queue full since its last load report),
-    the router refuses the next ones itself (RESOURCE_EXHAUSTED with a retry delay, `every tier
-    full`), sending small nothing, until small reports its load again (every 2 s here)."""
+    """Once small has refused a chat for capacity (its queue filled since its last load report
+    by a request the router did not send), the router refuses the next ones itself
+    (RESOURCE_EXHAUSTED with a retry delay, `every tier full`), sending small nothing, until
+    small reports its load again (every 2 s here)."""
     mesh = await start_mesh(tmp_path, **one_slot_small(max_queued=1))
     try:
         async with AsyncRouterClient(mesh.address) as client:
             holder = await _hold_slot(client, mesh, "small")  # just after a report: 2 s to the next
-            waiter = asyncio.create_task(client.chat("Hi", max_tokens=2, timeout=30))
+            waiter = asyncio.create_task(_queue_directly(mesh, "small"))
             await _small_queues_one(mesh)  # the queue's one place taken
             refusals: list[ChatError] = []
             while len(refusals) < 12 and not any(
@@ -195,15 +209,41 @@ async def test_a_tier_that_refused_is_full_to_the_router_until_its_next_load_rep
                     await client.chat("Hi", max_tokens=2, timeout=5)
                 refusals.append(refused.value)
             holder.cancel()
-            assert (await waiter).tier == "small"  # queued, then answered
+            assert (await waiter)[-1].finish_reason  # queued, then answered
         by_router = [e for e in refusals if e.message.startswith("every tier full")]
         by_small = [e for e in refusals if e.message.startswith("tier small: ")]
-        assert by_router and len(by_router) + len(by_small) == len(refusals), refusals
+        assert by_router and by_small and len(by_router) + len(by_small) == len(refusals)
         assert [e.details.reason for e in by_small] == ["OVERLOADED"] * len(by_small)
         assert "small refused a call at 1 running, 0 queued" in by_router[0].message
         assert all(e.code == "RESOURCE_EXHAUSTED" for e in refusals)
         assert all(e.retry_after_s is not None and e.retry_after_s > 0 for e in refusals)
         assert (await mesh.tier_status("small")).rejected == len(by_small)
+    finally:
+        await mesh.stop()
+
+
+async def test_the_routers_own_calls_count_toward_a_tiers_load_between_its_reports(
+    tmp_path: Path,
+) -> None:
+    """small reports every 2 s. Its one slot and one queue place taken by two chats the router
+    sent since its last report, the router counts them itself: the next chat is refused at
+    once by the router (`small full (1 running, 1 queued)`), small never sees it, and the
+    queued chat is answered."""
+    mesh = await start_mesh(tmp_path, **one_slot_small(max_queued=1))
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            holder = await _hold_slot(client, mesh, "small")  # counted by small's report
+            waiter = asyncio.create_task(client.chat("Hi", max_tokens=2, timeout=30))
+            await _small_queues_one(mesh)  # counted by the router only, until the next report
+            with pytest.raises(ChatError) as refused:
+                await client.chat("Hi", max_tokens=2, timeout=5)
+            holder.cancel()
+            assert (await waiter).tier == "small"
+        error = refused.value
+        assert error.code == "RESOURCE_EXHAUSTED", error
+        assert error.message == "every tier full: small full (1 running, 1 queued)"
+        assert error.retry_after_s is not None and error.retry_after_s > 0
+        assert (await mesh.tier_status("small")).rejected == 0
     finally:
         await mesh.stop()
 
@@ -235,5 +275,44 @@ async def test_a_refusal_for_a_short_deadline_leaves_the_tier_open_to_longer_one
         ), refusals
         assert (await mesh.tier_status("small")).rejected == 4
         assert answer.tier == "small" and answer.text
+    finally:
+        await mesh.stop()
+
+
+async def test_a_tier_whose_reported_wait_is_past_its_limit_is_full_to_the_router(
+    tmp_path: Path,
+) -> None:
+    """small's one slot held and five chats queued: by its own estimate (an unmeasured 1 s per
+    hand-over) a sixth would wait 6 s, past the 5 s it queues a request for. Its load report
+    says so (expected_wait_ms, max_wait_ms), and the router refuses the sixth itself, at once,
+    sending small nothing; the queued five are answered once the slot is free."""
+    options = one_slot_small(max_queued=8)
+    options["router_options"]["load_watch_interval_ms"] = 50
+    mesh = await start_mesh(tmp_path, **options)
+    try:
+        idle = await mesh.tier_status("small")
+        assert (idle.expected_wait_ms, idle.max_wait_ms) == (0.0, 5000.0)
+        async with AsyncRouterClient(mesh.address) as client:
+            holder = await _hold_slot(client, mesh, "small")
+            waiters = [
+                asyncio.create_task(client.chat("Hi", max_tokens=2, timeout=60)) for _ in range(5)
+            ]
+            while (status := await mesh.tier_status("small")).queued < 5:
+                await asyncio.sleep(0.02)
+            assert status.expected_wait_ms == pytest.approx(6000.0)
+            while not ((load := mesh.router.watcher.loads["small"]) and load.wait_too_long):
+                await asyncio.sleep(0.01)
+            with pytest.raises(ChatError) as refused:
+                await client.chat("Hi", max_tokens=2, timeout=30)
+            holder.cancel()
+            answers = await asyncio.gather(*waiters)
+        error = refused.value
+        assert error.code == "RESOURCE_EXHAUSTED", error
+        assert error.message.startswith(
+            "every tier full: small full (expected wait 6.00 s over its 5.00 s limit"
+        ), error.message
+        assert error.retry_after_s is not None and error.retry_after_s > 0
+        assert (await mesh.tier_status("small")).rejected == 0  # small never saw it
+        assert all(answer.tier == "small" and answer.text for answer in answers)
     finally:
         await mesh.stop()

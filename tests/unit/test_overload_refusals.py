@@ -111,6 +111,31 @@ async def test_a_wait_longer_than_expected_corrects_the_estimate_at_once_and_aft
     await holder
 
 
+async def test_waits_shorter_than_expected_never_lower_the_estimate() -> None:
+    """A queued request that starts sooner than expected (those ahead left, say) does not
+    make the next estimate shorter than the hand-over rate alone: trusting such waits queued
+    requests that then waited past twice their budget."""
+    clock = Clock()
+    admission = Admission(max_running=1, max_queued=8, max_wait_s=5.0, clock=clock)
+    await _hold_once(admission, clock, 2.0)  # 2 s a hand-over expected
+    release = asyncio.Event()
+    holder = holding(admission, release)
+    await asyncio.sleep(0)
+    waiter = holding(admission, release)  # expected to wait 2 s
+    await asyncio.sleep(0)
+    clock.now += 0.2  # it starts after 0.2 s: a tenth of what was expected
+    release.set()
+    await asyncio.gather(holder, waiter)
+    assert admission.wait_ratio == pytest.approx(1.0)
+    release.clear()
+    holder = holding(admission, release)
+    await asyncio.sleep(0)
+    assert admission.expected_wait_s() == pytest.approx(admission.handover_s or 0.0)
+    assert admission.expected_wait_s() > 0
+    release.set()
+    await holder
+
+
 async def test_the_retry_delay_of_a_full_queue_comes_from_the_measured_hold() -> None:
     clock = Clock()
     admission = Admission(max_running=1, max_queued=1, clock=clock)
@@ -189,3 +214,35 @@ def test_tiers_that_refused_at_their_last_reported_load_are_full_to_the_router()
         choose_with_fallback("small", loads, config)
     tier, note, _ = choose_with_fallback("small", {**loads, "medium": IDLE}, config)
     assert tier == "medium" and "small refused a call" in note
+
+
+def test_tiers_whose_reported_wait_is_past_their_limit_are_full_to_the_router() -> None:
+    config = RouterConfig()
+    # slots all taken and a short queue, but each new request would wait past the tier's 5 s
+    slow = replace(IDLE, running=4, queued=3, expected_wait_ms=6000.0, max_wait_ms=5000.0)
+    within = replace(slow, expected_wait_ms=4000.0)
+    loads = {"small": slow, "medium": slow, "large": slow}
+    with pytest.raises(TiersFull, match=r"small full \(expected wait 6\.00 s over its 5\.00 s"):
+        choose_with_fallback("small", loads, config)
+    tier, note, _ = choose_with_fallback("small", {**loads, "large": within}, config)
+    assert tier == "large" and "expected wait 6.00 s" in note
+    # a tier that does not report its limit (0) is judged by its queue alone
+    unknown = replace(slow, max_wait_ms=0.0)
+    assert choose_with_fallback("small", {**loads, "small": unknown}, config)[0] == "small"
+
+
+def test_a_load_moved_on_by_calls_since_its_report() -> None:
+    # 3 of 4 slots running at the report: two more calls take the last slot, then queue one
+    moved = replace(IDLE, running=3).after_calls(2)
+    assert (moved.running, moved.queued, moved.expected_wait_ms) == (4, 1, 0.0)  # wait unknown
+    # slots full and 2 queued at the report, 3 s expected (1 s a hand-over): 3 more calls
+    busy = replace(FULL, queued=2, expected_wait_ms=3000.0, max_wait_ms=5000.0)
+    moved = busy.after_calls(3)
+    assert (moved.running, moved.queued) == (4, 5)
+    assert moved.expected_wait_ms == pytest.approx(6000.0) and moved.wait_too_long
+    # calls that ended since: the queue drains first, then the slots free
+    drained = busy.after_calls(-4)
+    assert (drained.running, drained.queued, drained.expected_wait_ms) == (2, 0, 0.0)
+    assert busy.after_calls(-100).running == 0
+    # a queue past its limit reads as full
+    assert replace(IDLE, running=4, queued=15).after_calls(1).queue_full
