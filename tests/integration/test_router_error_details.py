@@ -63,15 +63,26 @@ async def test_a_full_tier_s_retry_delay_reaches_the_client(tiny_model_dir: Path
         tiny_model_dir,
         tiers=("small",),
         tier_options={"max_running": 1, "max_queued": 0},
-        router_options={"draft_tier": "small", "refine_tier": "small"},
+        # one load report at start: the router learns of the slot taken below only by the
+        # tier's refusal (the call is not its own, and no report comes)
+        router_options={
+            "draft_tier": "small",
+            "refine_tier": "small",
+            "load_watch_interval_ms": 60000,
+            "load_stale_ms": 120000,
+        },
     )
     try:
-        async with AsyncRouterClient(mesh.address) as client:
-            held = client.chat_stream("What is your return policy?", mode="pinned", tier="small")
-            await anext(held)  # the tier's one running slot is taken
+        async with (
+            AsyncRouterClient(mesh.address) as client,
+            grpc.aio.insecure_channel(mesh.tiers["small"].address) as channel,
+        ):
+            request = tier_pb2.GenerateRequest(request_id="held", prompt="Hi", max_tokens=200)
+            held = tier_pb2_grpc.TierServiceStub(channel).Generate(request)
+            await held.read()  # the tier's one running slot is taken
             with pytest.raises(ChatError) as refused:
                 await client.chat("Hi", mode="pinned", tier="small")
-            await held.aclose()
+            held.cancel()
     finally:
         await mesh.stop()
     error = refused.value
