@@ -3,8 +3,8 @@ started, everything it built to get there (imported modules, a loaded model, its
 moved out of the cyclic collector's reach.
 
 CPython's collector scans every tracked object on a full (generation 2) pass. A tier with torch
-and transformers imported holds about 200,000 of them and a full pass there took 150-550 ms on
-this project's 2-core test machine; the router's took 50-75 ms. Such a pass stops the event
+and transformers imported holds about 200,000 of them and a full pass there took 150-550 ms on a
+2-core AMD EPYC; the router's took 50-75 ms. Such a pass stops the event
 loop, so it lands on whatever is in flight: a refusal, a token, a failover. `gc.freeze()` moves
 the objects alive now to a permanent generation that no pass scans; reference counting still
 frees them when they are dropped (a swapped-out model is), only a reference cycle among frozen

@@ -68,11 +68,9 @@ class TierLoad:
         total = max(0, self.running + self.queued + change)
         running = min(self.max_running, total)
         queued = total - running
-        wait = self.expected_wait_ms
-        if running < self.max_running:
-            wait = 0.0
-        elif self.running >= self.max_running or self.queued > 0:  # it was (queued+1) hand-overs
-            wait = self.expected_wait_ms / (self.queued + 1) * (queued + 1)
+        # the report's wait was (queued + 1) hand-overs, or 0 with a slot free (time unknown)
+        per_handover = self.expected_wait_ms / (self.queued + 1)
+        wait = per_handover * (queued + 1) if running >= self.max_running else 0.0
         return replace(self, running=running, queued=queued, expected_wait_ms=wait)
 
     @property
