@@ -27,6 +27,11 @@ def unsupported(model: Any, max_len: int) -> str | None:
     return None
 
 
+def prepare(model: Any) -> None:
+    """Nothing to lay out: GPT-2's Conv1D weights are already stored input-major, (in, out),
+    the layout its matrix-vector products read fastest."""
+
+
 def create_pool(model: Any, slots: int, max_len: int) -> KvCachePool:
     config = model.config
     weight = model.transformer.wte.weight

@@ -172,8 +172,13 @@ class KvCachePool:
         """Writes each row's new key and value (B, nkv, 1, hs) at its position and returns every
         row's window of keys and values (B, nkv, W, hs), the new position included."""
         index, position = batch.slot_index, batch.position
-        self.keys[layer, index, :, position] = keys[:, :, 0]  # (B, nkv, hs) into (S, nkv, T, hs)
-        self.values[layer, index, :, position] = values[:, :, 0]
+        if batch.size == 1:  # plain indexing: a third of the time of an indexed write
+            slot, end = batch.slots[0], batch.window - 1
+            self.keys[layer, slot, :, end] = keys[0, :, 0]  # (nkv, hs)
+            self.values[layer, slot, :, end] = values[0, :, 0]
+        else:
+            self.keys[layer, index, :, position] = keys[:, :, 0]  # (B, nkv, hs) in (S, nkv, T, hs)
+            self.values[layer, index, :, position] = values[:, :, 0]
         if batch.contiguous:
             first, end = batch.slots[0], batch.slots[0] + batch.size
             window_keys = self.keys[layer, first:end, :, : batch.window]  # (B, nkv, W, hs)

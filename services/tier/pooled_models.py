@@ -1,9 +1,10 @@
 """Which model architectures decode over the KV-cache pool (continuous batching), and the
 forward passes each brings; the batch scheduler is the same for all of them.
 
-A pooled architecture is a module with `unsupported(model, max_len)` and the three passes
-below; `pooled_passes` picks one from the checkpoint's config or says why none fits (the model
-then decodes each request on its own thread). Knows nothing of requests, sampling or gRPC.
+A pooled architecture is a module with `unsupported(model, max_len)`, `prepare(model)` (lays
+the weights out for its passes, once, in place) and the three passes below; `pooled_passes`
+picks one from the checkpoint's config or says why none fits (the model then decodes each
+request on its own thread). Knows nothing of requests, sampling or gRPC.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ class PooledPasses:
     """One architecture's forward passes over a KvCachePool."""
 
     architecture: str  # the config's model_type
+    # (model) -> None: lays the weights out for these passes, in place, before the pool
+    prepare: Callable[[Any], None]
     # (model, slots, max_len) -> the pool, allocated once
     create_pool: Callable[[Any, int, int], KvCachePool]
     # (model, pool, prompts packed for their slots) -> each prompt's last-position logits (B, V)
@@ -42,6 +45,7 @@ def pooled_passes(model: Any, max_len: int) -> PooledPasses | str:
                 return f"{model_type}: {reason}"
             return PooledPasses(
                 architecture=model_type,
+                prepare=module.prepare,
                 create_pool=module.create_pool,
                 prefill=module.prefill,
                 decode_step=module.decode_step,

@@ -55,7 +55,9 @@ class TorchEngine(EngineLifecycle):
         self._stops: dict[str, threading.Event] = {}
         self._kv_used: dict[str, int] = {}  # sequential path: positions per request
         self._kv_peak = 0
-        self.startup_s: dict[str, float] = {}  # start-up phases in order: weights, kv_pool, ...
+        self.startup_s: dict[
+            str, float
+        ] = {}  # start-up phases in order: weights, weight_layout, ...
 
     @property
     def batching(self) -> bool:
@@ -88,6 +90,9 @@ class TorchEngine(EngineLifecycle):
         passes = pooled_passes(loaded.model, max_len) if cfg.batching else "batching = false"
         if not isinstance(passes, str):
             loaded = replace(loaded, context_length=max_len)
+            started = time.perf_counter()
+            await loop.run_in_executor(self._torch_thread, passes.prepare, loaded.model)
+            self.startup_s["weight_layout"] = time.perf_counter() - started
             started = time.perf_counter()
             self._pool = await loop.run_in_executor(
                 self._torch_thread, passes.create_pool, loaded.model, cfg.max_running, max_len

@@ -54,6 +54,7 @@ def test_packed_prefill_equals_one_prompt_at_a_time(model_dir: Path) -> None:
     loaded = load_causal_lm(model_dir)
     passes = pooled_passes(loaded.model, 128)
     assert not isinstance(passes, str)
+    passes.prepare(loaded.model)
     prompts = [encode_prompt(loaded.tokenizer, p) for p in PROMPTS]
     slots = list(range(len(prompts)))
     together = passes.create_pool(loaded.model, len(prompts), 128)

@@ -126,7 +126,8 @@ async def test_pool_keeps_only_key_value_heads(tiny_model_dir: Path, tmp_path: P
         # 2 layers x (keys + values) x 3 slots x 2 kv heads x 128 positions x 16 wide x 4 bytes
         assert load.kv_pool_bytes == 2 * 2 * 3 * 2 * 128 * 16 * 4
         assert load.kv_pool_capacity_tokens == 3 * 128
-        assert list(engine.startup_s) == ["weights", "kv_pool", "warm_up"]  # the start-up phases
+        phases = ["weights", "weight_layout", "kv_pool", "warm_up"]
+        assert list(engine.startup_s) == phases  # the start-up phases
     finally:
         await engine.shutdown()
 

@@ -56,7 +56,8 @@ async def test_top_once_json_reads_every_tier_of_the_router(
             assert row["kv_pool_capacity_tokens"] > 0
             assert 0.0 <= row["decode_busy_share"] <= 1.0
             assert 0.0 <= row["kv_pool_use_share"] <= 1.0
-            assert list(row["startup_phases"]) == ["model_code", "weights", "kv_pool", "warm_up"]
+            phases = ["model_code", "weights", "weight_layout", "kv_pool", "warm_up"]
+            assert list(row["startup_phases"]) == phases
             assert row["weights_loading"] == "lazy"
         assert rows["small"]["completed"] == 1 and rows["small"]["tokens_per_s"] > 0
         assert rows["small"]["ttft_ms_p50"] > 0

@@ -38,7 +38,6 @@ def test_garbage_cycles_are_collected_and_live_objects_frozen(unfrozen_after: No
     assert result.frozen == gc.get_freeze_count() > 0
     assert result.seconds >= 0
     assert gc.is_tracked(kept)
-    assert gc.collect() == 0  # nothing left for a pass to find
     # a frozen object without a cycle is still freed when its last reference goes
     alive = weakref.ref(kept)
     del kept

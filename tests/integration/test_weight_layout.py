@@ -1,0 +1,148 @@
+"""The Llama-family linear layers prepared for the pooled passes, on tiny seeded checkpoints
+(tied Llama, Llama with biases on every projection, Qwen2 with an untied head): after `prepare`
+each layer holds its own linear layers (oneDNN-packed on this CPU) that compute what the
+module's weights did, the modules' own weights are released (nothing is held twice), the tied
+head is one input-major matrix shared with the embedding lookup, and the pooled passes decode
+what `generate` gives on the same checkpoint loaded as it is. Also the plain input-major
+kernels (the path of GPUs and of CPUs without oneDNN) and the huge-page allocation they use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from services.tier import huge_pages, linear_kernels, llama_pooled
+from services.tier.model_loading import load_causal_lm
+from services.tier.pooled_models import pooled_passes
+from services.tier.tokenizer_loading import encode_prompt
+from tests.engine_prompts import PROMPTS
+from tests.tiny_llama import build_tiny_llama
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "llama-tied": {},
+    "llama-biased": {"attention_bias": True, "mlp_bias": True, "seed": 4},
+    "qwen2-untied": {"model_type": "qwen2", "tie_word_embeddings": False, "seed": 2},
+}
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def llama_dir(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
+) -> Path:
+    folder = tmp_path_factory.mktemp(request.param)
+    return build_tiny_llama(folder, tiny_model_dir, **VARIANTS[request.param])
+
+
+def _generate(model: Any, ids: list[int], steps: int) -> list[int]:
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=steps,
+            do_sample=False,
+            eos_token_id=None,
+        )
+    return [int(t) for t in out[0, len(ids) :]]
+
+
+def test_prepared_layers_compute_what_the_modules_did_and_release_their_weights(
+    llama_dir: Path,
+) -> None:
+    model = load_causal_lm(llama_dir).model
+    blocks = model.model.layers
+    x = torch.randn(3, model.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        expected = [
+            (
+                torch.cat(
+                    [b.self_attn.q_proj(x), b.self_attn.k_proj(x), b.self_attn.v_proj(x)], -1
+                ),
+                b.mlp.down_proj(b.mlp.up_proj(x)),
+            )
+            for b in blocks
+        ]
+        head = model.lm_head(x)
+    embeddings = model.model.embed_tokens.weight.detach().clone()
+    passes = pooled_passes(model, 64)
+    assert not isinstance(passes, str)
+    passes.prepare(model)
+    layers = model.tiermesh_layers
+    assert all(isinstance(layer.o, linear_kernels.PackedLinear) for layer in layers)
+    with torch.inference_mode():
+        for layer, (qkv, mlp) in zip(layers, expected, strict=True):
+            torch.testing.assert_close(layer.qkv(x), qkv, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(layer.down(layer.up(x)), mlp, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(model.tiermesh_head(x), head, rtol=1e-4, atol=1e-5)
+    for block in blocks:
+        for linear in (block.self_attn.q_proj, block.self_attn.o_proj, block.mlp.down_proj):
+            assert linear.weight.numel() == 0  # released: the layer holds its own form
+    lookup = model.model.embed_tokens.weight
+    torch.testing.assert_close(lookup, embeddings, rtol=0, atol=0)  # the same numbers
+    tied = model.config.tie_word_embeddings
+    assert (lookup is model.lm_head.weight and lookup.t().is_contiguous()) == tied
+    prepared = model.tiermesh_layers
+    passes.prepare(model)  # a second call changes nothing
+    assert model.tiermesh_layers is prepared
+
+
+def test_plain_kernels_are_input_major_on_huge_pages() -> None:
+    weight = torch.randn(1536, 576, generator=torch.Generator().manual_seed(2))
+    bias = torch.randn(1536, generator=torch.Generator().manual_seed(3))
+    kernels = llama_pooled._Kernels(pack=False)
+    layer = kernels.linear(weight, bias)
+    assert isinstance(layer, linear_kernels.PlainLinear)
+    assert layer.weight.t().is_contiguous()  # (in, out) storage
+    assert layer.weight.data_ptr() % huge_pages.HUGE_PAGE_BYTES == 0
+    x = torch.randn(2, 576, generator=torch.Generator().manual_seed(4))
+    expected = torch.nn.functional.linear(x, weight, bias)
+    torch.testing.assert_close(layer(x), expected, rtol=1e-4, atol=1e-4)  # summed another way
+
+
+def test_prepared_model_decodes_what_generate_gives_on_the_checkpoint_as_loaded(
+    llama_dir: Path,
+) -> None:
+    reference = load_causal_lm(llama_dir)
+    model = load_causal_lm(llama_dir).model
+    passes = pooled_passes(model, 128)
+    assert not isinstance(passes, str)
+    passes.prepare(model)
+    prompts = [encode_prompt(reference.tokenizer, p) for p in PROMPTS[:3]]
+    pool = passes.create_pool(model, len(prompts), 128)
+    slots = list(range(len(prompts)))
+    tokens = passes.prefill(model, pool, pool.prefill_batch(slots, prompts)).argmax(-1).tolist()
+    pooled = [[t] for t in tokens]
+    for _ in range(11):
+        tokens = passes.decode_step(model, pool, slots, tokens).argmax(-1).tolist()
+        for row, token in zip(pooled, tokens, strict=True):
+            row.append(token)
+    for ids, row in zip(prompts, pooled, strict=True):
+        assert row == _generate(reference.model, ids, 12)
+
+
+def test_huge_page_tensors_start_on_a_huge_page_and_small_ones_are_plain() -> None:
+    numel = 3 * huge_pages.HUGE_PAGE_BYTES // 4
+    tensor = huge_pages.empty(numel, torch.float32)
+    assert tensor.shape == (numel,) and tensor.dtype == torch.float32
+    assert tensor.data_ptr() % huge_pages.HUGE_PAGE_BYTES == 0
+    tensor.fill_(1.5)  # the first touch: the kernel backs it with huge pages where allowed
+    assert float(tensor.sum()) == 1.5 * numel
+    allowed = "[never]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    assert (_huge_page_kib(tensor.data_ptr()) >= 2048) == allowed
+    small = huge_pages.empty(1000, torch.bfloat16)
+    assert small.shape == (1000,) and small.dtype == torch.bfloat16 and small._base is None
+
+
+def _huge_page_kib(address: int) -> int:
+    """AnonHugePages of the mapping of this process that holds `address`, from smaps."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            start, end = (int(part, 16) for part in head.split("-"))
+            inside = start <= address < end
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1])
+    return 0
