@@ -9,12 +9,13 @@ share it while their sliding window, if any, covers the whole pool slot. Knows n
 tokenizers, sampling, requests or gRPC.
 
 `prepare` turns the transformers model's linear layers into the passes' own, once, in place
-(`linear_kernels`): on CPU packed by oneDNN, else stored input-major; queries, keys and values
-of a layer in one matrix (one product instead of three). A decode step is a chain of
-matrix-vector products over the whole model, so how the weights are laid out sets its speed:
-on this project's CPU (AVX2, one thread) SmolLM2-135M's batch-1 decode step took 33.5 ms with
-transformers' layout, 26 ms input-major and 24.7 ms packed. The model's own copies of those
-weights are released, so a prepared model runs through these passes only.
+(`linear_kernels`): on CPU packed by oneDNN, else stored input-major; a layer's queries, keys
+and values in one matrix (one product instead of three), its gate and up in another. A decode
+step is a chain of matrix-vector products over the whole model, so how the weights are laid
+out sets its speed: on this project's CPU (AVX2, one thread) SmolLM2-135M's batch-1 decode step
+took 33.5 ms with transformers' layout, 26 ms input-major and 25 ms packed (the linear layers
+~23 ms of it, everything else ~2 ms). The model's own copies of those weights are released, so
+a prepared model runs through these passes only.
 """
 
 from __future__ import annotations
@@ -168,8 +169,8 @@ class _Layer:
     scaling: float
     o: linear_kernels.Linear
     post_norm: tuple[torch.Tensor, float]
-    gate: linear_kernels.Linear
-    up: linear_kernels.Linear
+    gate_up: linear_kernels.Linear  # gate and up in one product: (..., 2 * intermediate)
+    intermediate: int
     down: linear_kernels.Linear
     act: Callable[[torch.Tensor], torch.Tensor]
 
@@ -177,14 +178,9 @@ class _Layer:
 def _layer(block: Any, kernels: _Kernels) -> _Layer:
     attention, mlp = block.self_attn, block.mlp
     qkv = [attention.q_proj, attention.k_proj, attention.v_proj]
-    bias = None
-    if any(p.bias is not None for p in qkv):
-        bias = torch.cat(
-            [torch.zeros_like(p.weight[:, 0]) if p.bias is None else p.bias for p in qkv]
-        )
     layer = _Layer(
         input_norm=(block.input_layernorm.weight, block.input_layernorm.variance_epsilon),
-        qkv=kernels.linear(torch.cat([p.weight for p in qkv]), bias),
+        qkv=kernels.linear(torch.cat([p.weight for p in qkv]), _joined_bias(qkv)),
         heads=attention.config.num_attention_heads,
         kv_heads=attention.config.num_key_value_heads,
         head_dim=attention.head_dim,
@@ -194,14 +190,26 @@ def _layer(block: Any, kernels: _Kernels) -> _Layer:
             block.post_attention_layernorm.weight,
             block.post_attention_layernorm.variance_epsilon,
         ),
-        gate=kernels.linear(mlp.gate_proj.weight, mlp.gate_proj.bias),
-        up=kernels.linear(mlp.up_proj.weight, mlp.up_proj.bias),
+        gate_up=kernels.linear(
+            torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+            _joined_bias([mlp.gate_proj, mlp.up_proj]),
+        ),
+        intermediate=mlp.gate_proj.out_features,
         down=kernels.linear(mlp.down_proj.weight, mlp.down_proj.bias),
         act=mlp.act_fn,
     )
     for linear in _block_linears(block):
         _release(linear)
     return layer
+
+
+def _joined_bias(linears: list[Any]) -> torch.Tensor | None:
+    """The biases of linear layers joined into one product, zeros for those without."""
+    if all(p.bias is None for p in linears):
+        return None
+    return torch.cat(
+        [torch.zeros_like(p.weight[:, 0]) if p.bias is None else p.bias for p in linears]
+    )
 
 
 def _rotary(llama: Any, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -234,8 +242,10 @@ def _norm(norm: tuple[torch.Tensor, float], x: torch.Tensor) -> torch.Tensor:
 
 
 def _mlp(layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-    """SwiGLU: down(act(gate(x)) * up(x))."""
-    return layer.down(layer.act(layer.gate(x)) * layer.up(x))
+    """SwiGLU: down(act(gate(x)) * up(x)), gate and up from one product."""
+    gate_up = layer.gate_up(x)
+    gate, up = gate_up[..., : layer.intermediate], gate_up[..., layer.intermediate :]
+    return layer.down(layer.act(gate) * up)
 
 
 @torch.inference_mode()

@@ -60,6 +60,7 @@ def test_prepared_layers_compute_what_the_modules_did_and_release_their_weights(
                 torch.cat(
                     [b.self_attn.q_proj(x), b.self_attn.k_proj(x), b.self_attn.v_proj(x)], -1
                 ),
+                torch.cat([b.mlp.gate_proj(x), b.mlp.up_proj(x)], -1),
                 b.mlp.down_proj(b.mlp.up_proj(x)),
             )
             for b in blocks
@@ -72,9 +73,11 @@ def test_prepared_layers_compute_what_the_modules_did_and_release_their_weights(
     layers = model.tiermesh_layers
     assert all(isinstance(layer.o, linear_kernels.PackedLinear) for layer in layers)
     with torch.inference_mode():
-        for layer, (qkv, mlp) in zip(layers, expected, strict=True):
+        for layer, (qkv, gate_up, mlp) in zip(layers, expected, strict=True):
             torch.testing.assert_close(layer.qkv(x), qkv, rtol=1e-4, atol=1e-5)
-            torch.testing.assert_close(layer.down(layer.up(x)), mlp, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(layer.gate_up(x), gate_up, rtol=1e-4, atol=1e-5)
+            up = layer.gate_up(x)[:, layer.intermediate :]
+            torch.testing.assert_close(layer.down(up), mlp, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(model.tiermesh_head(x), head, rtol=1e-4, atol=1e-5)
     for block in blocks:
         for linear in (block.self_attn.q_proj, block.self_attn.o_proj, block.mlp.down_proj):
