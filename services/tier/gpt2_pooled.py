@@ -1,18 +1,29 @@
 """GPT-2 forward passes that read and write a KvCachePool: batched decode of many sequences
 at different lengths in one step, and batched prefill of several prompts into their slots.
 
-Uses the weights of a transformers GPT2LMHeadModel as they are; knows nothing of tokenizers,
-sampling, requests or gRPC. Matches transformers' own GPT-2 forward (eval mode, no dropout).
+`prepare` turns each block's four Conv1D layers into the passes' own linear layers, once, in
+place (`linear_kernels`: packed by oneDNN on CPU), and releases the modules' weights; the rest
+of the transformers GPT2LMHeadModel (embeddings, layer norms, the tied head) is used as it is.
+On the built-in large tier (7 layers of 384, one thread) packing took a prefill of 16 prompts of
+30 tokens from 173 to 127 ms and a decode step of 16 streams from 9.8 to 7.5 ms (batch 1: 3.0 ms
+either way). Knows nothing of tokenizers, sampling, requests or gRPC. Matches transformers' own
+GPT-2 forward (eval mode, no dropout).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from services.tier import linear_kernels
 from services.tier.kv_pool import KvCachePool, PrefillBatch
+
+log = logging.getLogger(__name__)
 
 MODEL_TYPES = frozenset({"gpt2"})
 
@@ -27,9 +38,43 @@ def unsupported(model: Any, max_len: int) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    """One block's linear layers as the passes run them."""
+
+    attn: linear_kernels.Linear  # queries, keys and values: (..., 3C)
+    proj: linear_kernels.Linear
+    fc: linear_kernels.Linear
+    mlp_proj: linear_kernels.Linear
+    act: Callable[[torch.Tensor], torch.Tensor]
+
+
+@torch.no_grad()
 def prepare(model: Any) -> None:
-    """Nothing to lay out: GPT-2's Conv1D weights are already stored input-major, (in, out),
-    the layout its matrix-vector products read fastest."""
+    """Makes each block's linear layers the passes' own (see the module's docstring); calling
+    it again does nothing. Afterwards the model runs through these passes only."""
+    if getattr(model, "tiermesh_layers", None) is not None:
+        return
+    gpt = model.transformer
+    convs = [
+        [block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj] for block in gpt.h
+    ]
+    linear_kernels.own_memory(model, [conv.weight for block in convs for conv in block])
+    kernels = linear_kernels.LinearMaker.for_weight(gpt.wte.weight)
+    layers = []
+    for block, (attn, proj, fc, mlp_proj) in zip(gpt.h, convs, strict=True):
+        # Conv1D keeps its weight (in, out): the kernels take (out, in)
+        made = {
+            name: kernels.linear(c.weight.t(), c.bias)
+            for name, c in zip(
+                ("attn", "proj", "fc", "mlp_proj"), (attn, proj, fc, mlp_proj), strict=True
+            )
+        }
+        layers.append(_Layer(**made, act=block.mlp.act))
+        for conv in (attn, proj, fc, mlp_proj):
+            linear_kernels.release(conv)
+    model.tiermesh_layers = layers
+    log.info("%s: %d linear layers %s", type(model).__name__, 4 * len(layers), kernels.kind)
 
 
 def create_pool(model: Any, slots: int, max_len: int) -> KvCachePool:
@@ -59,18 +104,18 @@ def prefill(model: Any, pool: KvCachePool, batch: PrefillBatch) -> torch.Tensor:
     gpt = model.transformer
     heads, width = model.config.n_head, model.config.n_embd
     x = gpt.wte(batch.tokens) + gpt.wpe(batch.positions)  # (1, N, C)
-    for layer, block in enumerate(gpt.h):
-        q, k, v = block.attn.c_attn(block.ln_1(x)).split(width, dim=2)  # 3 x (1, N, C)
+    for index, (block, layer) in enumerate(zip(gpt.h, model.tiermesh_layers, strict=True)):
+        q, k, v = layer.attn(block.ln_1(x)).split(width, dim=2)  # 3 x (1, N, C)
         q, k, v = (_split_heads(t, heads) for t in (q, k, v))  # (1, nh, N, hs)
         parts = []
         for row, (start, end) in enumerate(batch.segments):
             qs, ks, vs = q[:, :, start:end], k[:, :, start:end], v[:, :, start:end]  # (1,nh,T,hs)
-            pool.store_prompt(layer, batch, row, ks, vs)
+            pool.store_prompt(index, batch, row, ks, vs)
             parts.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True))
         y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)  # (1, nh, N, hs)
         y = y.transpose(1, 2).reshape(1, -1, width)  # (1, N, C)
-        x = x + block.attn.c_proj(y)
-        x = x + block.mlp(block.ln_2(x))
+        x = x + layer.proj(y)
+        x = x + layer.mlp_proj(layer.act(layer.fc(block.ln_2(x))))
     pool.finish_prompts(batch)
     last = gpt.ln_f(x[0, batch.last])  # (B, C)
     logits: torch.Tensor = model.lm_head(last)  # (B, V)
@@ -90,14 +135,14 @@ def decode_step(model: Any, pool: KvCachePool, slots: list[int], tokens: list[in
     step = pool.decode_batch(slots)
     token = torch.tensor(tokens, dtype=torch.long, device=device)[:, None]  # (B, 1)
     x = gpt.wte(token) + gpt.wpe(step.position[:, None])  # (B, 1, C)
-    for layer, block in enumerate(gpt.h):
-        q, k, v = block.attn.c_attn(block.ln_1(x)).split(width, dim=2)  # 3 x (B, 1, C)
+    for index, (block, layer) in enumerate(zip(gpt.h, model.tiermesh_layers, strict=True)):
+        q, k, v = layer.attn(block.ln_1(x)).split(width, dim=2)  # 3 x (B, 1, C)
         q, k, v = (_split_heads(t, heads) for t in (q, k, v))  # (B, nh, 1, hs)
-        keys, values = pool.append(layer, step, k, v)  # (B, nh, W, hs)
+        keys, values = pool.append(index, step, k, v)  # (B, nh, W, hs)
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)  # (B, nh, 1, hs)
         y = y.transpose(1, 2).reshape(step.size, 1, width)  # (B, 1, C)
-        x = x + block.attn.c_proj(y)
-        x = x + block.mlp(block.ln_2(x))
+        x = x + layer.proj(y)
+        x = x + layer.mlp_proj(layer.act(layer.fc(block.ln_2(x))))
     pool.finish_step(step)
     logits: torch.Tensor = model.lm_head(gpt.ln_f(x))[:, 0]  # (B, V)
     return logits

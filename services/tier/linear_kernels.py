@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from services.tier import huge_pages
 
 log = logging.getLogger(__name__)
 
@@ -81,3 +84,54 @@ def packed(weight: torch.Tensor, bias: torch.Tensor | None) -> PackedLinear | No
     except (RuntimeError, AttributeError) as e:
         log.warning("oneDNN packing failed (%s): keeping the linear layers plain", e)
     return None
+
+
+class LinearMaker:
+    """Makes a model's linear layers: packed while packing works, else plain input-major."""
+
+    def __init__(self, pack: bool) -> None:
+        self.pack = pack
+
+    @classmethod
+    def for_weight(cls, weight: torch.Tensor) -> LinearMaker:
+        """Packing where `weight`'s device and dtype allow it."""
+        return cls(can_pack(weight.device, weight.dtype))
+
+    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+        """The layer y = x `weight`^T + `bias`, `weight` (out, in) (copied, not kept)."""
+        if self.pack:
+            layer = packed(weight, bias)
+            if layer is not None:
+                return layer
+            self.pack = False  # said once, in the warning: the rest stay plain too
+        return PlainLinear(self.input_major(weight).t(), bias)
+
+    def input_major(self, weight: torch.Tensor) -> torch.Tensor:
+        """`weight` (out, in) copied as one (in, out) contiguous matrix, on huge pages on CPU."""
+        numel = weight.numel()
+        if weight.device.type == "cpu":
+            storage = huge_pages.empty(numel, weight.dtype)
+        else:
+            storage = torch.empty(numel, dtype=weight.dtype, device=weight.device)
+        return storage.view(weight.shape[1], weight.shape[0]).copy_(weight.t())
+
+    @property
+    def kind(self) -> str:
+        return "packed by oneDNN" if self.pack else "input-major (F.linear)"
+
+
+def release(module: Any) -> None:
+    """Drops a linear (or Conv1D) module's weight once a layer holds its own form of it."""
+    weight = module.weight
+    empty = torch.empty(0, dtype=weight.dtype, device=weight.device)
+    module.weight = torch.nn.Parameter(empty, requires_grad=False)
+
+
+@torch.no_grad()
+def own_memory(model: Any, moving: list[torch.Tensor]) -> None:
+    """Copies every parameter of `model` but those `moving` into memory of its own, so nothing
+    keeps a lazy load's memory-mapped files mapped once the moving weights were copied."""
+    skip = {id(weight) for weight in moving}
+    for parameter in model.parameters():
+        if id(parameter) not in skip:
+            parameter.data = parameter.data.clone()

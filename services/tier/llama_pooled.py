@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from services.tier import huge_pages, linear_kernels
+from services.tier import linear_kernels
 from services.tier.kv_pool import KvCachePool, PrefillBatch
 
 log = logging.getLogger(__name__)
@@ -87,14 +87,8 @@ def prepare(model: Any) -> None:
     head, embeddings = model.lm_head, llama.embed_tokens
     tied = head.weight is embeddings.weight
     projections = [linear for block in llama.layers for linear in _block_linears(block)]
-    moved = {id(p.weight) for p in projections} | {id(head.weight)}
-    for parameter in model.parameters():
-        if id(parameter) not in moved:
-            # the rest (norms, biases, untied embeddings) into memory of their own, so nothing
-            # keeps a lazy load's memory-mapped files mapped once their weights were copied
-            parameter.data = parameter.data.clone()
-    reference = embeddings.weight
-    kernels = _Kernels(linear_kernels.can_pack(reference.device, reference.dtype))
+    linear_kernels.own_memory(model, [p.weight for p in projections] + [head.weight])
+    kernels = linear_kernels.LinearMaker.for_weight(embeddings.weight)
     model.tiermesh_layers = [_layer(block, kernels) for block in llama.layers]
     if tied:  # one matrix for the lookup and the head: input-major, the lookup reads a column
         matrix = kernels.input_major(head.weight)
@@ -103,37 +97,13 @@ def prepare(model: Any) -> None:
         model.tiermesh_head = linear_kernels.PlainLinear(head.weight, head.bias)
     else:
         model.tiermesh_head = kernels.linear(head.weight, head.bias)
-        _release(head)
+        linear_kernels.release(head)
     log.info(
         "%s: %d linear layers %s",
         type(model).__name__,
         len(projections) + 1,
-        "packed by oneDNN" if kernels.pack else "input-major (F.linear)",
+        kernels.kind,
     )
-
-
-class _Kernels:
-    """Makes the linear layers: packed while packing works, else plain input-major."""
-
-    def __init__(self, pack: bool) -> None:
-        self.pack = pack
-
-    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> linear_kernels.Linear:
-        if self.pack:
-            packed = linear_kernels.packed(weight, bias)
-            if packed is not None:
-                return packed
-            self.pack = False  # said once, in the warning: the rest stay plain too
-        return linear_kernels.PlainLinear(self.input_major(weight).t(), bias)
-
-    def input_major(self, weight: torch.Tensor) -> torch.Tensor:
-        """`weight` (out, in) copied as one (in, out) contiguous matrix, on huge pages on CPU."""
-        numel = weight.numel()
-        if weight.device.type == "cpu":
-            storage = huge_pages.empty(numel, weight.dtype)
-        else:
-            storage = torch.empty(numel, dtype=weight.dtype, device=weight.device)
-        return storage.view(weight.shape[1], weight.shape[0]).copy_(weight.t())
 
 
 def _block_linears(block: Any) -> list[Any]:
@@ -147,13 +117,6 @@ def _block_linears(block: Any) -> list[Any]:
         mlp.up_proj,
         mlp.down_proj,
     ]
-
-
-def _release(linear: Any) -> None:
-    """Drops a linear module's weight once its layer holds its own form of it."""
-    weight = linear.weight
-    empty = torch.empty(0, dtype=weight.dtype, device=weight.device)
-    linear.weight = torch.nn.Parameter(empty, requires_grad=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +138,7 @@ class _Layer:
     act: Callable[[torch.Tensor], torch.Tensor]
 
 
-def _layer(block: Any, kernels: _Kernels) -> _Layer:
+def _layer(block: Any, kernels: linear_kernels.LinearMaker) -> _Layer:
     attention, mlp = block.self_attn, block.mlp
     qkv = [attention.q_proj, attention.k_proj, attention.v_proj]
     layer = _Layer(
@@ -199,7 +162,7 @@ def _layer(block: Any, kernels: _Kernels) -> _Layer:
         act=mlp.act_fn,
     )
     for linear in _block_linears(block):
-        _release(linear)
+        linear_kernels.release(linear)
     return layer
 
 

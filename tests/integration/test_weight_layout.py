@@ -3,8 +3,9 @@
 each layer holds its own linear layers (oneDNN-packed on this CPU) that compute what the
 module's weights did, the modules' own weights are released (nothing is held twice), the tied
 head is one input-major matrix shared with the embedding lookup, and the pooled passes decode
-what `generate` gives on the same checkpoint loaded as it is. Also the plain input-major
-kernels (the path of GPUs and of CPUs without oneDNN) and the huge-page allocation they use."""
+what `generate` gives on the same checkpoint loaded as it is; GPT-2's blocks get packed
+layers too. Also the plain input-major kernels (the path of GPUs and of CPUs without oneDNN)
+and the huge-page allocation they use."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from services.tier import huge_pages, linear_kernels, llama_pooled
+from services.tier import huge_pages, linear_kernels
 from services.tier.model_loading import load_causal_lm
 from services.tier.pooled_models import pooled_passes
 from services.tier.tokenizer_loading import encode_prompt
@@ -91,10 +92,27 @@ def test_prepared_layers_compute_what_the_modules_did_and_release_their_weights(
     assert model.tiermesh_layers is prepared
 
 
+def test_gpt2_blocks_get_packed_layers_that_compute_what_conv1d_did(tiny_model_dir: Path) -> None:
+    model = load_causal_lm(tiny_model_dir).model
+    x = torch.randn(2, model.config.n_embd, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        expected = [(b.attn.c_attn(x), b.mlp.c_proj(b.mlp.c_fc(x))) for b in model.transformer.h]
+    passes = pooled_passes(model, 64)
+    assert not isinstance(passes, str)
+    passes.prepare(model)
+    with torch.inference_mode():
+        for layer, (attn, mlp) in zip(model.tiermesh_layers, expected, strict=True):
+            assert isinstance(layer.attn, linear_kernels.PackedLinear)
+            torch.testing.assert_close(layer.attn(x), attn, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(layer.mlp_proj(layer.fc(x)), mlp, rtol=1e-4, atol=1e-5)
+    for block in model.transformer.h:
+        assert block.attn.c_attn.weight.numel() == block.mlp.c_proj.weight.numel() == 0
+
+
 def test_plain_kernels_are_input_major_on_huge_pages() -> None:
     weight = torch.randn(1536, 576, generator=torch.Generator().manual_seed(2))
     bias = torch.randn(1536, generator=torch.Generator().manual_seed(3))
-    kernels = llama_pooled._Kernels(pack=False)
+    kernels = linear_kernels.LinearMaker(pack=False)
     layer = kernels.linear(weight, bias)
     assert isinstance(layer, linear_kernels.PlainLinear)
     assert layer.weight.t().is_contiguous()  # (in, out) storage
