@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import socket
 import sys
 from dataclasses import dataclass
@@ -98,6 +99,11 @@ async def _serve(config: GatewayConfig) -> None:
         telemetry.shutdown()
 
 
+def _exit_after_drain(signum: int, frame: object) -> None:
+    log.info("stopped")
+    raise SystemExit(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Serve tiermesh's OpenAI-compatible HTTP API.")
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="gateway config (TOML)")
@@ -110,7 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(GatewayConfig, args.config, **options)
         stop_with_parent()
         configure_logging("gateway", env.log_level())
+        # uvicorn drains on SIGINT/SIGTERM, then raises the signal again with the handlers it
+        # found: Ctrl-C's KeyboardInterrupt and this SIGTERM handler end the process with 0
+        signal.signal(signal.SIGTERM, _exit_after_drain)
         asyncio.run(_serve(config))
+    except KeyboardInterrupt:
+        log.info("stopped")
     except (TiermeshError, OSError) as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 2
