@@ -55,3 +55,11 @@ def build_tiny_llama(
     model = model_class(config_class(**settings))
     model.save_pretrained(str(folder))
     return folder
+
+
+def build_variant(
+    name: str, variants: dict[str, dict[str, Any]], factory: Any, tokenizer_dir: Path
+) -> Path:
+    """`variants[name]` built into a fresh folder of pytest's `tmp_path_factory`."""
+    folder = factory.mktemp(name)
+    return build_tiny_llama(folder, tokenizer_dir, **variants[name])

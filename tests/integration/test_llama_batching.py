@@ -20,7 +20,7 @@ from services.tier.pooled_models import pooled_passes
 from services.tier.tokenizer_loading import encode_prompt
 from services.tier.torch_engine import TorchEngine
 from tests.engine_prompts import PROMPTS
-from tests.tiny_llama import build_tiny_llama
+from tests.tiny_llama import build_tiny_llama, build_variant
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -46,8 +46,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 def llama_dir(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
 ) -> Path:
-    folder = tmp_path_factory.mktemp(request.param)
-    return build_tiny_llama(folder, tiny_model_dir, **VARIANTS[request.param])
+    return build_variant(request.param, VARIANTS, tmp_path_factory, tiny_model_dir)
 
 
 def hf_generate(loaded: LoadedModel, prompt: str, max_tokens: int) -> list[int]:

@@ -20,7 +20,7 @@ from services.tier.model_loading import load_causal_lm
 from services.tier.pooled_models import pooled_passes
 from services.tier.tokenizer_loading import encode_prompt
 from tests.engine_prompts import PROMPTS
-from tests.tiny_llama import build_tiny_llama
+from tests.tiny_llama import build_variant
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "llama-tied": {},
@@ -33,8 +33,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 def llama_dir(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
 ) -> Path:
-    folder = tmp_path_factory.mktemp(request.param)
-    return build_tiny_llama(folder, tiny_model_dir, **VARIANTS[request.param])
+    return build_variant(request.param, VARIANTS, tmp_path_factory, tiny_model_dir)
 
 
 def _generate(model: Any, ids: list[int], steps: int) -> list[int]:
