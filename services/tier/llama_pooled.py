@@ -99,10 +99,11 @@ def prepare(model: Any) -> None:
         model.tiermesh_head = kernels.linear(head.weight, head.bias)
         linear_kernels.release(head)
     log.info(
-        "%s: %d linear layers %s",
+        "%s: %d linear layers %s%s",
         type(model).__name__,
         len(projections) + 1,
         kernels.kind,
+        ", the head (tied to the embeddings) input-major" if tied else "",
     )
 
 
