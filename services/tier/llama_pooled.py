@@ -200,9 +200,13 @@ def _qkv(
 
 
 def _norm(norm: tuple[torch.Tensor, float], x: torch.Tensor) -> torch.Tensor:
-    """transformers' Llama RMSNorm (float32 weights: the same numbers) in one operation."""
+    """transformers' Llama RMSNorm, step for step: in float32, then back to x's dtype, then the
+    weight. (F.rms_norm gives the same float32 numbers but not the same bfloat16 ones, and a
+    bfloat16 model's greedy answer then parts from `generate`'s within a few tokens.)"""
     weight, epsilon = norm
-    return F.rms_norm(x, weight.shape, weight, epsilon)
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + epsilon)
+    return weight * h.to(x.dtype)
 
 
 def _mlp(layer: _Layer, x: torch.Tensor) -> torch.Tensor:

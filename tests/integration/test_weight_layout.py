@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from services.tier import huge_pages, linear_kernels
+from services.tier import huge_pages, linear_kernels, llama_pooled
 from services.tier.model_loading import load_causal_lm
 from services.tier.pooled_models import pooled_passes
 from services.tier.tokenizer_loading import encode_prompt
@@ -166,3 +166,17 @@ def _huge_page_kib(address: int) -> int:
         elif inside and head == "AnonHugePages:":
             return int(line.split()[1])
     return 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_passes_rms_norm_is_transformers_bit_for_bit(dtype: torch.dtype) -> None:
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    generator = torch.Generator().manual_seed(6)
+    norm = LlamaRMSNorm(576, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(576, generator=generator))
+    norm = norm.to(dtype)
+    x = (3 * torch.randn(8, 576, generator=generator)).to(dtype)
+    with torch.inference_mode():
+        assert torch.equal(llama_pooled._norm((norm.weight, norm.variance_epsilon), x), norm(x))
