@@ -61,18 +61,16 @@ def prepare(model: Any) -> None:
     ]
     linear_kernels.own_memory(model, [conv.weight for block in convs for conv in block])
     kernels = linear_kernels.LinearMaker.for_weight(gpt.wte.weight)
-    layers = []
-    for block, (attn, proj, fc, mlp_proj) in zip(gpt.h, convs, strict=True):
-        # Conv1D keeps its weight (in, out): the kernels take (out, in)
-        made = {
-            name: kernels.linear(c.weight.t(), c.bias)
-            for name, c in zip(
-                ("attn", "proj", "fc", "mlp_proj"), (attn, proj, fc, mlp_proj), strict=True
-            )
-        }
-        layers.append(_Layer(**made, act=block.mlp.act))
-        for conv in (attn, proj, fc, mlp_proj):
-            linear_kernels.release(conv)
+
+    def own(conv: Any) -> linear_kernels.Linear:
+        linear = kernels.linear(conv.weight.t(), conv.bias)  # Conv1D holds (in, out)
+        linear_kernels.release(conv)
+        return linear
+
+    layers = [
+        _Layer(own(attn), own(proj), own(fc), own(mlp_proj), block.mlp.act)
+        for block, (attn, proj, fc, mlp_proj) in zip(gpt.h, convs, strict=True)
+    ]
     model.tiermesh_layers = layers
     log.info("%s: %d linear layers %s", type(model).__name__, 4 * len(layers), kernels.kind)
 

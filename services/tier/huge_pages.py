@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import sys
 
@@ -21,16 +22,15 @@ log = logging.getLogger(__name__)
 
 HUGE_PAGE_BYTES = 2 * 1024 * 1024
 MADV_HUGEPAGE = 14  # linux/mman.h
-_libc: ctypes.CDLL | None = None
 
 
+@functools.cache
 def _madvise() -> ctypes._NamedFuncPointer | None:
-    global _libc
+    """libc's madvise, set up once; None off Linux."""
     if not sys.platform.startswith("linux"):
         return None
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    function = _libc.madvise
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    function = libc.madvise
     function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     function.restype = ctypes.c_int
     return function
@@ -41,14 +41,12 @@ def empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
     boundary and was marked for huge pages before any of it was touched (the first write then
     faults in 2 MiB pages). Below one huge page, or where huge pages cannot be asked for, a
     plain `torch.empty`."""
-    size = numel * torch.empty((), dtype=dtype).element_size()
+    size = numel * dtype.itemsize
     madvise = _madvise() if size >= HUGE_PAGE_BYTES else None
     if madvise is None:
         return torch.empty(numel, dtype=dtype)
     raw = torch.empty(size + HUGE_PAGE_BYTES, dtype=torch.uint8)  # room to align the start
     skip = -raw.data_ptr() % HUGE_PAGE_BYTES
-    length = (size + HUGE_PAGE_BYTES - 1) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
-    length = min(length, raw.numel() - skip)  # whole huge pages within the block
-    if madvise(raw.data_ptr() + skip, length, MADV_HUGEPAGE) != 0:
+    if madvise(raw.data_ptr() + skip, size, MADV_HUGEPAGE) != 0:
         log.debug("madvise(MADV_HUGEPAGE) refused: errno %d", ctypes.get_errno())
     return raw[skip : skip + size].view(dtype)

@@ -80,7 +80,7 @@ def packed(weight: torch.Tensor, bias: torch.Tensor | None) -> PackedLinear | No
             got, expected, rtol=tolerance, atol=tolerance
         ):
             return layer
-        log.warning("oneDNN packed linear layer disagrees with F.linear: keeping it plain")
+        log.warning("oneDNN packed linear layer disagrees with F.linear: keeping the layers plain")
     except (RuntimeError, AttributeError) as e:
         log.warning("oneDNN packing failed (%s): keeping the linear layers plain", e)
     return None

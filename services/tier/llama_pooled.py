@@ -90,6 +90,7 @@ def prepare(model: Any) -> None:
     linear_kernels.own_memory(model, [p.weight for p in projections] + [head.weight])
     kernels = linear_kernels.LinearMaker.for_weight(embeddings.weight)
     model.tiermesh_layers = [_layer(block, kernels) for block in llama.layers]
+    model.tiermesh_final_norm = (llama.norm.weight, llama.norm.variance_epsilon)
     if tied:  # one matrix for the lookup and the head: input-major, the lookup reads a column
         matrix = kernels.input_major(head.weight)
         head.weight = torch.nn.Parameter(matrix.t(), requires_grad=False)
@@ -176,7 +177,9 @@ def _joined_bias(linears: list[Any]) -> torch.Tensor | None:
     )
 
 
-def _rotary(llama: Any, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _rotary(
+    llama: Any, x: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin (B, T, hs) for rotating heads at `positions` (B, T), sin with its first half
     negated: x * cos + roll(x, hs / 2) * sin is then transformers' x * cos + rotate_half(x) *
     sin, bit for bit, in fewer steps."""
@@ -241,10 +244,7 @@ def prefill(model: Any, pool: KvCachePool, batch: PrefillBatch) -> torch.Tensor:
         x = x + layer.o(y)
         x = x + _mlp(layer, _norm(layer.post_norm, x))
     pool.finish_prompts(batch)
-    norm = llama.norm
-    logits: torch.Tensor = model.tiermesh_head(
-        _norm((norm.weight, norm.variance_epsilon), x[0, batch.last])
-    )  # (B, V)
+    logits: torch.Tensor = model.tiermesh_head(_norm(model.tiermesh_final_norm, x[0, batch.last]))
     return logits
 
 
@@ -273,6 +273,5 @@ def decode_step(model: Any, pool: KvCachePool, slots: list[int], tokens: list[in
         x = x + layer.o(y.reshape(batch, -1))  # (B, C)
         x = x + _mlp(layer, _norm(layer.post_norm, x))
     pool.finish_step(step)
-    norm = llama.norm
-    logits: torch.Tensor = model.tiermesh_head(_norm((norm.weight, norm.variance_epsilon), x))
+    logits: torch.Tensor = model.tiermesh_head(_norm(model.tiermesh_final_norm, x))
     return logits
