@@ -147,25 +147,29 @@ def test_huge_page_tensors_start_on_a_huge_page_and_small_ones_are_plain() -> No
     tensor = huge_pages.empty(numel, torch.float32)
     assert tensor.shape == (numel,) and tensor.dtype == torch.float32
     assert tensor.data_ptr() % huge_pages.HUGE_PAGE_BYTES == 0
-    tensor.fill_(1.5)  # the first touch: the kernel backs it with huge pages where allowed
+    tensor.fill_(1.5)
     assert float(tensor.sum()) == 1.5 * numel
-    allowed = "[never]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
-    assert (_huge_page_kib(tensor.data_ptr()) >= 2048) == allowed
+    # The request is what the code controls: the kernel marks the mapping "hg" (VM_HUGEPAGE).
+    # Whether the first touch then got 2 MiB pages depends on free contiguous memory at that
+    # moment (a loaded machine falls back to 4 KiB pages), so that is not asserted.
+    kernel_has_thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").exists()
+    assert ("hg" in _vm_flags(tensor.data_ptr())) == kernel_has_thp
+    assert ("hg" in _vm_flags(tensor.data_ptr() + numel * 4 - 1)) == kernel_has_thp
     small = huge_pages.empty(1000, torch.bfloat16)
     assert small.shape == (1000,) and small.dtype == torch.bfloat16 and small._base is None
 
 
-def _huge_page_kib(address: int) -> int:
-    """AnonHugePages of the mapping of this process that holds `address`, from smaps."""
+def _vm_flags(address: int) -> list[str]:
+    """VmFlags of the mapping of this process that holds `address`, from smaps."""
     inside = False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()[0]
         if "-" in head and not head.endswith(":"):
             start, end = (int(part, 16) for part in head.split("-"))
             inside = start <= address < end
-        elif inside and head == "AnonHugePages:":
-            return int(line.split()[1])
-    return 0
+        elif inside and head == "VmFlags:":
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
