@@ -13,8 +13,9 @@ import asyncio
 import contextlib
 import functools
 import os
+import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,13 @@ from tiermesh.client import AsyncRouterClient
 from services.bench.costs import PriceProfile, cost_per_million_tokens
 from services.bench.loadgen import (
     CONFIGURATIONS,
+    POLICY_PREFIX,
     SHED,
+    Configuration,
     LoadCounters,
     LoadRun,
     RequestRecord,
+    configuration,
     run_closed_loop,
     run_open_loop,
 )
@@ -35,8 +39,15 @@ from services.bench.metrics import percentile, ratios_vs, summarise
 from services.bench.resources import ResourceMonitor, ServiceHandle
 from services.bench.scenarios import RequestSequence, Scenario, arrival_times, schedule_digest
 from services.common.tiers import TIER_NAMES
+from services.launcher.child_process import Child
 from services.launcher.echo_tiers import EchoSettings
-from services.launcher.local_mesh import free_base_port, plan_children, stop_all, wait_healthy
+from services.launcher.local_mesh import (
+    free_base_port,
+    is_serving,
+    plan_children,
+    stop_all,
+    wait_healthy,
+)
 from services.workload import WorkloadItem
 
 BASELINE = "single"
@@ -56,6 +67,23 @@ class MeshTarget:
     router: str
     services: list[ServiceHandle]
     started_by_bench: bool = False
+    # the bench's own mesh only: restarts the router on a routing policy ("" = its config's)
+    restart_router: Callable[[str], None] | None = None
+    policy: str = ""  # the policy the router was last started with ("" = its config's)
+
+    def check_policies(self, configurations: Sequence[Configuration]) -> None:
+        """Raises BenchError if a configuration needs a policy this target cannot switch to."""
+        if self.restart_router is None and any(c.policy for c in configurations):
+            raise BenchError(
+                f"{POLICY_PREFIX}<policy> configurations restart the router on each policy: "
+                "they need the bench's own mesh (no --router)"
+            )
+
+    def use_policy(self, policy: str) -> None:
+        """Makes the router run `policy` ("" = its config's), restarting it if it runs another."""
+        if policy != self.policy and self.restart_router is not None:
+            self.restart_router(policy)
+            self.policy = policy
 
 
 @dataclass
@@ -108,9 +136,34 @@ def own_mesh(
             )
             for c in children
         ]
-        yield MeshTarget(children[-1].address, services, started_by_bench=True)
+        router = children[-1]
+        restart = functools.partial(_restart_router, router, list(router.command), services)
+        yield MeshTarget(router.address, services, started_by_bench=True, restart_router=restart)
     finally:
         stop_all(children)
+
+
+ROUTER_RESTART_TIMEOUT_S = 60.0
+
+
+def _restart_router(
+    router: Child, command: list[str], services: list[ServiceHandle], policy: str
+) -> None:
+    """Stops the bench's router (draining) and starts it again with `policy` ("" = its
+    config's); returns once it serves. The router's handle in `services` takes the new pid."""
+    stop_all([router])
+    router.command = [*command, "--policy", policy] if policy else list(command)
+    router.start(append=True)
+    deadline = time.monotonic() + ROUTER_RESTART_TIMEOUT_S
+    while not is_serving(router.address):
+        code = router.exited()
+        if code is not None or time.monotonic() > deadline:
+            why = f"exited with code {code}" if code is not None else "is not serving"
+            tail = router.log_tail()
+            raise BenchError(f"the router restarted on policy {policy!r} {why}:\n{tail}")
+        time.sleep(0.2)
+    pid = router.process.pid if router.process else None
+    services[:] = [replace(s, pid=pid) if s.name == "router" else s for s in services]
 
 
 def _lag_ms_p99(records: Sequence[RequestRecord]) -> float | None:
@@ -174,15 +227,19 @@ async def run_configurations(
     arrivals = arrival_times(scenario)
     sequence = RequestSequence(scenario.mix, scenario.seed)
     items: dict[str, WorkloadItem] = {sequence[i].id: sequence[i] for i in range(len(arrivals))}
+    plan = [configuration(name) for name in names]
+    target.check_policies(plan)
     monitor = ResourceMonitor(target.services)
     await monitor.start()
     configurations: dict[str, Any] = {}
     all_records: dict[str, list[RequestRecord]] = {}
     try:
-        async with AsyncRouterClient(target.router) as client:
-            for name in names:
-                configuration = CONFIGURATIONS[name]
-                run = LoadRun(client, configuration, load.max_tokens, load.timeout_s)
+        for config in plan:
+            name = config.name
+            await asyncio.to_thread(target.use_policy, config.policy)
+            # a client per configuration: a restarted router is a new connection
+            async with AsyncRouterClient(target.router) as client:
+                run = LoadRun(client, config, load.max_tokens, load.timeout_s)
                 records, cpu = await _measure(
                     monitor,
                     name,
@@ -195,8 +252,9 @@ async def run_configurations(
                 await monitor.sample()
                 summary = summarise(records, items, scenario.warmup_s, scenario.duration_s)
                 configurations[name] = {
-                    "mode": configuration.mode,
-                    "tier": configuration.tier or None,
+                    "mode": config.mode,
+                    "tier": config.tier or None,
+                    "policy": config.policy or None,  # None: the router's configured policy
                     **summary,
                     "schedule_lag_ms_p99": _lag_ms_p99(records),
                     "cpu_seconds": cpu,

@@ -27,7 +27,7 @@ from services.bench.hybrid_bench import (
     run_configurations,
     run_sweep,
 )
-from services.bench.loadgen import CONFIGURATIONS, LoadCounters, RequestRecord
+from services.bench.loadgen import CONFIGURATIONS, LoadCounters, RequestRecord, configuration
 from services.bench.openai_cli import run_openai_bench
 from services.bench.options import concurrency_levels
 from services.bench.report import (
@@ -59,10 +59,23 @@ def pairs(values: Sequence[str], keys: Sequence[str], option: str) -> dict[str, 
 
 def configuration_names(value: str) -> list[str]:
     names = [v for v in value.split(",") if v]
-    unknown = [n for n in names if n not in CONFIGURATIONS]
-    if not names or unknown:
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected names from {', '.join(CONFIGURATIONS)}")
+    for name in names:
+        try:
+            configuration(name)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return names
+
+
+def plain_configuration_names(value: str) -> list[str]:
+    """Configurations of a sweep: those of CONFIGURATIONS (the router keeps its policy)."""
+    names = configuration_names(value)
+    if any(name not in CONFIGURATIONS for name in names):
         raise argparse.ArgumentTypeError(
-            f"expected names from {', '.join(CONFIGURATIONS)}, got {value!r}"
+            f"a sweep compares {', '.join(CONFIGURATIONS)}; compare policies with "
+            "`tiermesh bench --configs hybrid:<policy>,...`"
         )
     return names
 
@@ -115,7 +128,8 @@ def register_hybrid(bench: argparse.ArgumentParser, kinds: Any) -> None:
         "--configs",
         type=configuration_names,
         default=list(CONFIGURATIONS),
-        help="e.g. single,hybrid",
+        help="e.g. single,hybrid; hybrid:<policy> runs hybrid with the router restarted on "
+        "that routing policy (own mesh only), e.g. single,hybrid:threshold,hybrid:cost_target",
     )
     bench.add_argument("--max-in-flight", type=int, default=LoadOptions.max_in_flight)
     bench.add_argument("--prices", type=Path, default=DEFAULT_PRICES, help="price file (TOML)")
@@ -154,7 +168,7 @@ def register_hybrid(bench: argparse.ArgumentParser, kinds: Any) -> None:
         "--routers", type=int, choices=range(1, 5), default=2, help="router processes (1-4)"
     )
     sweep.add_argument(
-        "--configs", type=configuration_names, default=["single", "hybrid"], help="compared"
+        "--configs", type=plain_configuration_names, default=["single", "hybrid"], help="compared"
     )
     sweep.set_defaults(func=cmd_sweep)
 

@@ -18,9 +18,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tiermesh.client import AsyncRouterClient, ChatError, DeltaEvent, FinalEvent
+from tiermesh.client import AsyncRouterClient, ChatError, DeltaEvent, FinalEvent, RouteEvent
 
 from services.bench.scenarios import RequestSequence
+from services.common.config import POLICIES
 from services.workload import WorkloadItem
 
 FAILURE_BACKOFF_S = 0.05  # closed loop: a client waits this long after a failed request, so a
@@ -31,11 +32,13 @@ OK = "OK"
 
 @dataclass(frozen=True)
 class Configuration:
-    """One way of serving every request: a router mode, and the tier when pinned."""
+    """One way of serving every request: a router mode, the tier when pinned, and the routing
+    policy the router runs with ("" = the one in its config)."""
 
-    name: str  # "single", "hybrid", "progressive"
+    name: str  # "single", "hybrid", "progressive", "hybrid:<policy>"
     mode: str  # SDK mode name
     tier: str = ""
+    policy: str = ""
 
     def options(self) -> dict[str, Any]:
         return {"mode": self.mode, "tier": self.tier}
@@ -46,6 +49,21 @@ CONFIGURATIONS = {
     "hybrid": Configuration("hybrid", "routed"),
     "progressive": Configuration("progressive", "progressive"),
 }
+POLICY_PREFIX = "hybrid:"  # "hybrid:threshold": hybrid with the router running that policy
+
+
+def configuration(name: str) -> Configuration:
+    """The configuration called `name`: one of CONFIGURATIONS, or "hybrid:<policy>" for any
+    routing policy the router knows. Raises ValueError naming what is accepted."""
+    if name in CONFIGURATIONS:
+        return CONFIGURATIONS[name]
+    policy = name.removeprefix(POLICY_PREFIX)
+    if name.startswith(POLICY_PREFIX) and policy in POLICIES:
+        return Configuration(name, "routed", policy=policy)
+    raise ValueError(
+        f"unknown configuration {name!r}: expected one of {', '.join(CONFIGURATIONS)}, or "
+        f"{POLICY_PREFIX}<policy> with a policy from {', '.join(POLICIES)}"
+    )
 
 
 @dataclass
@@ -69,6 +87,7 @@ class RequestRecord:
     output_tokens: int = 0  # completion tokens of the final revision
     text: str = ""  # the final revision's text
     server_timings: dict[str, float] = field(default_factory=dict)
+    policy: str = ""  # the routing policy that decided, from the router's route decision
 
     @property
     def ok(self) -> bool:
@@ -140,6 +159,8 @@ class LoadRun:
                     token_counts[event.revision] = token_counts.get(event.revision, 0) + len(
                         event.token_ids
                     )
+                elif isinstance(event, RouteEvent):
+                    record.policy = event.policy
                 elif isinstance(event, FinalEvent):
                     record.final_s = elapsed
                     record.tier = event.tier

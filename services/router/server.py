@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", help="override the config's host")
     parser.add_argument("--metrics-port", type=int, help="override the config's metrics_port")
     parser.add_argument("--max-inflight", type=int, help="override the config's max_inflight")
+    parser.add_argument("--policy", help="override the config's routing policy")
     parser.add_argument(
         "--tier", action="append", default=[], help="NAME=TARGET, overrides one tier's address"
     )
@@ -185,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             "host": args.host,
             "metrics_port": args.metrics_port,
             "max_inflight": args.max_inflight,
+            "policy": args.policy,
         }
         config = load_config(RouterConfig, args.config, **options)
         if overrides:

@@ -1,20 +1,26 @@
 """`tiermesh bench` end to end: it starts its own mesh of child processes on tiny models, runs
-single, hybrid and progressive under one short seeded schedule, prints the JSON contract as the
-last line and writes the report files. (Speed and quality are for the benchmark, not the test.)"""
+single, hybrid (with the router's configured policy and, restarted, with another policy) and
+progressive under one short seeded schedule, prints the JSON contract as the last line and writes
+the report files. (Speed and quality are for the benchmark, not the test.)"""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from services.bench.report import TARGETS
+from services.common.config import RouterConfig, load_config
+from services.router.server import DEFAULT_CONFIG
 from services.workload import load_split, score
-from tests.e2e.run_process import json_command
+from tests.e2e.run_process import ROOT, TIERMESH, json_command
 from tests.tiny_model import build_tiny_model
 
-CONFIGS = ("single", "hybrid", "progressive")
+# the policy configuration between two that use the router's own, so the router is restarted
+# on "keyword" and then back on its configured policy
+CONFIGS = ("single", "hybrid:keyword", "hybrid", "progressive")
 pytestmark = pytest.mark.timeout(240)  # the fixture starts a whole mesh and runs the bench
 
 
@@ -25,7 +31,7 @@ def bench_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     out = tmp / "report"
     command = ["bench", "--json", "--out", str(out)]
     command += ["--scenario", "long-tail", "--rate", "5", "--duration", "2", "--warmup", "0.5"]
-    command += ["--max-tokens", "6", "--seed", "11"]
+    command += ["--max-tokens", "6", "--seed", "11", "--configs", ",".join(CONFIGS)]
     for tier, model in (("small", tiny_model_dir), ("medium", tiny_model_dir), ("large", large)):
         command += ["--model", f"{tier}={model}"]
     report, stderr = json_command(command, tmp / "run", timeout=180)
@@ -75,7 +81,34 @@ def test_every_configuration_saw_the_same_requests(bench_run) -> None:
         for name in CONFIGS
     }
     assert sequences["single"] == sequences["hybrid"] == sequences["progressive"]
+    assert sequences["hybrid:keyword"] == sequences["single"]
     assert len(sequences["single"]) > 0
+
+
+def test_a_policy_configuration_runs_the_router_on_that_policy_and_then_back(bench_run) -> None:
+    report, out, _ = bench_run
+    configured = load_config(RouterConfig, DEFAULT_CONFIG).policy
+    assert configured != "keyword"
+    assert report["configurations"]["hybrid:keyword"]["policy"] == "keyword"
+    assert report["configurations"]["hybrid"]["policy"] is None
+    assert "hybrid:keyword_vs_single" in report["ratios"]
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    decided = {
+        name: {r["policy"] for r in rows if r["configuration"] == name and r["status"] == "OK"}
+        for name in ("hybrid:keyword", "hybrid")
+    }
+    assert decided == {"hybrid:keyword": {"keyword"}, "hybrid": {configured}}
+
+
+def test_a_policy_configuration_needs_the_benchs_own_mesh(tmp_path: Path) -> None:
+    command = [*TIERMESH, "bench", "--router", "127.0.0.1:1", "--configs", "single,hybrid:keyword"]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert "need the bench's own mesh" in run.stdout + run.stderr
+    unknown = [*TIERMESH, "bench", "--configs", "hybrid:nope"]
+    run = subprocess.run(unknown, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert "hybrid:<policy> with a policy from" in run.stderr and "cost_target" in run.stderr
 
 
 def test_accuracy_is_the_scorers_on_the_recorded_answers(bench_run) -> None:
