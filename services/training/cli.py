@@ -248,7 +248,10 @@ def _train(args: argparse.Namespace) -> int:
     texts = [prompt_text(i.prompt) + i.reference + EOS_TOKEN for i in train_items]
     drills = islice(drill_stream(args.seed), len(train_items) // 10)
     texts += [prompt_text(prompt) + reference + EOS_TOKEN for prompt, reference in drills]
-    tokenizer = train_tokenizer(texts, vocab_size=1024)
+    # questions in capitals, so that upper-case words are tokens of their own rather than one
+    # token per letter (which a two-layer model cannot put back together)
+    texts += [prompt_text(i.prompt.upper()) for i in train_items if i.request_class != "complex"]
+    tokenizer = train_tokenizer(texts, vocab_size=1536)
     held_out = held_out_prompts()
     shares = {t: RECIPES[t].budget_share for t in args.tiers}
     started = time.perf_counter()

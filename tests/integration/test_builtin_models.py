@@ -33,3 +33,20 @@ def test_small_model_answers_simple_test_items_greedily() -> None:
     assert len(right) >= 11, answers
     returns = complete(loaded, "What is your return policy?").text
     assert returns.startswith("You can return any unused item within 30 days")
+
+
+def test_small_model_answers_held_out_phrasings_of_simple_requests() -> None:
+    loaded = load_causal_lm(ROOT / "services" / "tier_small" / "model")
+    unseen = [i for i in load_split("test", phrasing="unseen") if i.request_class == "simple"]
+    sample = unseen[:20]
+    answers = {item.id: complete(loaded, item.prompt).text for item in sample}
+    right = [item.id for item in sample if score(item, answers[item.id])]
+    assert len(right) >= 16, {i.prompt: answers[i.id] for i in sample if i.id not in right}
+
+
+def test_upper_case_questions_are_words_to_the_tokenizer_not_letters() -> None:
+    tokenizer = load_causal_lm(ROOT / "services" / "tier_small" / "model").tokenizer
+    question = "What is the price of the ivory belt?"
+    plain = len(tokenizer.tokenize(question))
+    assert len(tokenizer.tokenize(question.upper())) <= plain + 3
+    assert tokenizer.decode(tokenizer.encode(question.upper())) == question.upper()
