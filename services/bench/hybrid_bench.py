@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import functools
 import os
-import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -43,7 +42,6 @@ from services.launcher.child_process import Child
 from services.launcher.echo_tiers import EchoSettings
 from services.launcher.local_mesh import (
     free_base_port,
-    is_serving,
     plan_children,
     stop_all,
     wait_healthy,
@@ -143,9 +141,6 @@ def own_mesh(
         stop_all(children)
 
 
-ROUTER_RESTART_TIMEOUT_S = 60.0
-
-
 def _restart_router(
     router: Child, command: list[str], services: list[ServiceHandle], policy: str
 ) -> None:
@@ -154,14 +149,12 @@ def _restart_router(
     stop_all([router])
     router.command = [*command, "--policy", policy] if policy else list(command)
     router.start(append=True)
-    deadline = time.monotonic() + ROUTER_RESTART_TIMEOUT_S
-    while not is_serving(router.address):
+    # a console of its own: the bench's shows the live progress, and rich runs one live display
+    # per console
+    if not wait_healthy([router], Console(quiet=True)):
         code = router.exited()
-        if code is not None or time.monotonic() > deadline:
-            why = f"exited with code {code}" if code is not None else "is not serving"
-            tail = router.log_tail()
-            raise BenchError(f"the router restarted on policy {policy!r} {why}:\n{tail}")
-        time.sleep(0.2)
+        why = "timed out" if code is None else f"exited with code {code}"
+        raise BenchError(f"the router restarted on policy {policy!r} {why}:\n{router.log_tail()}")
     pid = router.process.pid if router.process else None
     services[:] = [replace(s, pid=pid) if s.name == "router" else s for s in services]
 

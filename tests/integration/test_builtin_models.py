@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,12 @@ ROOT = Path(__file__).resolve().parents[2]
 TIERS = ("small", "medium", "large")
 
 
+@pytest.fixture(scope="module")
+def small() -> Any:
+    """The committed small tier, loaded once for the tests that decode with it."""
+    return load_causal_lm(ROOT / "services" / "tier_small" / "model")
+
+
 @pytest.mark.parametrize("tier", TIERS)
 def test_checkpoint_loads_with_chat_template_and_eos(tier: str) -> None:
     loaded = load_causal_lm(ROOT / "services" / f"tier_{tier}" / "model")
@@ -25,27 +32,25 @@ def test_checkpoint_loads_with_chat_template_and_eos(tier: str) -> None:
     assert loaded.params > 0 and loaded.context_length >= 256
 
 
-def test_small_model_answers_simple_test_items_greedily() -> None:
-    loaded = load_causal_lm(ROOT / "services" / "tier_small" / "model")
+def test_small_model_answers_simple_test_items_greedily(small: Any) -> None:
     simple = [i for i in load_split("test") if i.request_class == "simple"][:12]
-    answers = {item.id: complete(loaded, item.prompt).text for item in simple}
+    answers = {item.id: complete(small, item.prompt).text for item in simple}
     right = [item.id for item in simple if score(item, answers[item.id])]
     assert len(right) >= 11, answers
-    returns = complete(loaded, "What is your return policy?").text
+    returns = complete(small, "What is your return policy?").text
     assert returns.startswith("You can return any unused item within 30 days")
 
 
-def test_small_model_answers_held_out_phrasings_of_simple_requests() -> None:
-    loaded = load_causal_lm(ROOT / "services" / "tier_small" / "model")
+def test_small_model_answers_held_out_phrasings_of_simple_requests(small: Any) -> None:
     unseen = [i for i in load_split("test", phrasing="unseen") if i.request_class == "simple"]
     sample = unseen[:20]
-    answers = {item.id: complete(loaded, item.prompt).text for item in sample}
+    answers = {item.id: complete(small, item.prompt).text for item in sample}
     right = [item.id for item in sample if score(item, answers[item.id])]
     assert len(right) >= 16, {i.prompt: answers[i.id] for i in sample if i.id not in right}
 
 
-def test_upper_case_questions_are_words_to_the_tokenizer_not_letters() -> None:
-    tokenizer = load_causal_lm(ROOT / "services" / "tier_small" / "model").tokenizer
+def test_upper_case_questions_are_words_to_the_tokenizer_not_letters(small: Any) -> None:
+    tokenizer = small.tokenizer
     question = "What is the price of the ivory belt?"
     plain = len(tokenizer.tokenize(question))
     assert len(tokenizer.tokenize(question.upper())) <= plain + 3
