@@ -35,7 +35,9 @@ def test_garbage_cycles_are_collected_and_live_objects_frozen(unfrozen_after: No
 
     assert cycle() is None, "the garbage cycle was frozen instead of collected"
     assert result.collected >= 2
-    assert result.frozen == gc.get_freeze_count() > 0
+    # frozen objects that die afterwards (another thread's, this frame's) leave the count
+    assert result.frozen > 0
+    assert 0 < gc.get_freeze_count() <= result.frozen
     assert result.seconds >= 0
     assert gc.is_tracked(kept)
     # a frozen object without a cycle is still freed when its last reference goes
