@@ -1,11 +1,11 @@
 """The Llama-family linear layers prepared for the pooled passes, on tiny seeded checkpoints
 (tied Llama, Llama with biases on every projection, Qwen2 with an untied head): after `prepare`
 each layer holds its own linear layers (oneDNN-packed on this CPU) that compute what the
-module's weights did, the modules' own weights are released (nothing is held twice), the tied
-head is one input-major matrix shared with the embedding lookup, and the pooled passes decode
-what `generate` gives on the same checkpoint loaded as it is; GPT-2's blocks get packed
-layers too. Also the plain input-major kernels (the path of GPUs and of CPUs without oneDNN)
-and the huge-page allocation they use."""
+module's weights did, the modules' own weights are released, the head is packed too (a tied
+one apart from a plain copy the embedding lookup reads), and the pooled passes decode what
+`generate` gives on the same checkpoint loaded as it is; GPT-2's blocks get packed layers too.
+Also the plain input-major kernels (the path of GPUs and of CPUs without oneDNN: there a tied
+head stays one matrix with the lookup) and the huge-page allocation they use."""
 
 from __future__ import annotations
 
@@ -84,8 +84,9 @@ def test_prepared_layers_compute_what_the_modules_did_and_release_their_weights(
             assert linear.weight.numel() == 0  # released: the layer holds its own form
     lookup = model.model.embed_tokens.weight
     torch.testing.assert_close(lookup, embeddings, rtol=0, atol=0)  # the same numbers
-    tied = model.config.tie_word_embeddings
-    assert (lookup is model.lm_head.weight and lookup.t().is_contiguous()) == tied
+    assert isinstance(model.tiermesh_head, linear_kernels.PackedLinear)  # tied or not
+    assert model.lm_head.weight.numel() == 0
+    assert lookup.is_contiguous()  # (vocab, C): a lookup reads one row
     prepared = model.tiermesh_layers
     passes.prepare(model)  # a second call changes nothing
     assert model.tiermesh_layers is prepared
@@ -140,6 +141,30 @@ def test_prepared_model_decodes_what_generate_gives_on_the_checkpoint_as_loaded(
             row.append(token)
     for ids, row in zip(prompts, pooled, strict=True):
         assert row == _generate(reference.model, ids, 12)
+
+
+def test_without_packing_a_tied_head_is_the_lookups_own_matrix_input_major(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    llama_dir = build_variant("llama-tied", VARIANTS, tmp_path_factory, tiny_model_dir)
+    monkeypatch.setattr(linear_kernels, "can_pack", lambda device, dtype: False)
+    reference = load_causal_lm(llama_dir)
+    model = load_causal_lm(llama_dir).model
+    passes = pooled_passes(model, 128)
+    assert not isinstance(passes, str)
+    passes.prepare(model)
+    lookup = model.model.embed_tokens.weight
+    assert isinstance(model.tiermesh_head, linear_kernels.PlainLinear)
+    assert model.tiermesh_head.weight is lookup and lookup.t().is_contiguous()  # held once
+    assert all(isinstance(layer.o, linear_kernels.PlainLinear) for layer in model.tiermesh_layers)
+    prompt = encode_prompt(reference.tokenizer, PROMPTS[0])
+    pool = passes.create_pool(model, 1, 128)
+    tokens = passes.prefill(model, pool, pool.prefill_batch([0], [prompt])).argmax(-1).tolist()
+    row = list(tokens)
+    for _ in range(11):
+        tokens = passes.decode_step(model, pool, [0], tokens).argmax(-1).tolist()
+        row += tokens
+    assert row == _generate(reference.model, prompt, 12)
 
 
 def test_huge_page_tensors_start_on_a_huge_page_and_small_ones_are_plain() -> None:
