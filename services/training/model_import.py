@@ -22,11 +22,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from services.common.cpu_features import cpu_flags, fastest_cpu_dtype
 from services.common.extras import MissingExtra
 
 ORIGIN_FILE = "tiermesh.json"
 DTYPES = ("float32", "bfloat16")
 DEFAULT_DTYPE = "float32"
+AUTO_DTYPE = "auto"  # the CLI's default: the fastest dtype on this machine's CPU (cpu_features)
 
 
 class ImportFailed(ValueError):
@@ -58,6 +60,7 @@ class ModelOrigin:
     context_length: int
     chat_template: bool  # the tokenizer carries its own chat template
     imported_at: str  # UTC, ISO 8601
+    dtype_choice: str = ""  # why `dtype`: "asked", or "auto: <what the CPU computes natively>"
 
 
 def package_gguf(package: str) -> tuple[Path, str]:
@@ -114,9 +117,10 @@ def _load_folder(path: Path) -> tuple[Any, Any]:
 
 
 def import_model(
-    source: Path, out: Path, dtype: str = DEFAULT_DTYPE, package: str = ""
+    source: Path, out: Path, dtype: str = DEFAULT_DTYPE, package: str = "", dtype_choice: str = ""
 ) -> ModelOrigin:
-    """Writes the tier model folder `out` from `source` (a .gguf file or an HF folder)."""
+    """Writes the tier model folder `out` from `source` (a .gguf file or an HF folder);
+    `dtype_choice` is recorded as why the dtype is what it is."""
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -151,6 +155,7 @@ def import_model(
         context_length=int(getattr(config, "max_position_embeddings", 0) or 0),
         chat_template=bool(getattr(tokenizer, "chat_template", None)),
         imported_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        dtype_choice=dtype_choice or "asked",
     )
     (out / ORIGIN_FILE).write_text(json.dumps(asdict(origin), indent=2) + "\n")
     return origin
@@ -164,7 +169,13 @@ def register(models: Any) -> None:
     parser.add_argument("source", nargs="?", type=Path, help="a .gguf file or an HF model folder")
     parser.add_argument("--from-package", metavar="NAME", help="an installed package's .gguf file")
     parser.add_argument("--out", type=Path, required=True, help="the tier model folder to write")
-    parser.add_argument("--dtype", choices=DTYPES, default=DEFAULT_DTYPE, help="weights' dtype")
+    parser.add_argument(
+        "--dtype",
+        choices=(AUTO_DTYPE, *DTYPES),
+        default=AUTO_DTYPE,
+        help="weights' dtype; auto (the default): bfloat16 where this CPU computes it natively "
+        "(avx512_bf16, amx_bf16), else float32",
+    )
     parser.add_argument("--json", action="store_true", help="print tiermesh.json's record last")
     parser.set_defaults(func=run_import)
 
@@ -178,9 +189,13 @@ def run_import(args: argparse.Namespace) -> int:
         source = args.source
         if args.from_package is not None:
             source, package = package_gguf(args.from_package)
-        print(f"importing {source} -> {args.out} ({args.dtype})", file=sys.stderr)
+        dtype, choice = args.dtype, "asked"
+        if dtype == AUTO_DTYPE:
+            dtype, why = fastest_cpu_dtype(cpu_flags())
+            choice = f"auto: {why}"
+        print(f"importing {source} -> {args.out} ({dtype}; {choice})", file=sys.stderr)
         started = time.perf_counter()
-        origin = import_model(source, args.out, args.dtype, package)
+        origin = import_model(source, args.out, dtype, package, choice)
     except ImportFailed as e:
         print(f"models import: {e}", file=sys.stderr)
         return 2

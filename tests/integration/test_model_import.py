@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from services.cli.main import main as tiermesh
+from services.common.cpu_features import cpu_flags, fastest_cpu_dtype
 from services.tier.model_loading import imported_dtype, load_causal_lm
 from services.training.model_import import (
     ORIGIN_FILE,
@@ -37,13 +38,29 @@ def test_an_hf_folder_imports_in_bfloat16(tiny_model_dir: Path, tmp_path: Path) 
         assert torch.equal(loaded.model.state_dict()[name], weight.to(torch.bfloat16)), name
 
 
-def test_the_command_writes_the_folder(tiny_model_dir: Path, tmp_path: Path, capsys) -> None:
+def test_the_command_writes_the_folder_in_the_cpus_fastest_dtype(
+    tiny_model_dir: Path, tmp_path: Path, capsys
+) -> None:
     out = tmp_path / "gpt2"
     code = tiermesh(["models", "import", str(tiny_model_dir), "--out", str(out), "--json"])
     assert code == 0
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out.strip().splitlines()[-1])
+    fastest, why = fastest_cpu_dtype(cpu_flags())
+    assert (printed["architecture"], printed["dtype"]) == ("gpt2", fastest)
+    assert printed["dtype_choice"] == f"auto: {why}"
+    assert f"({fastest}; auto: {why})" in captured.err
+    assert imported_dtype(out) == fastest
+    assert load_causal_lm(out, dtype=fastest).params == printed["params"]
+
+
+def test_a_dtype_asked_for_is_the_one_written(tiny_model_dir: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "gpt2"
+    args = ["models", "import", str(tiny_model_dir), "--out", str(out), "--dtype", "float32"]
+    assert tiermesh([*args, "--json"]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert (printed["architecture"], printed["dtype"]) == ("gpt2", "float32")
-    assert load_causal_lm(out).params == printed["params"]
+    assert (printed["dtype"], printed["dtype_choice"]) == ("float32", "asked")
+    assert imported_dtype(out) == "float32"
 
 
 def test_import_errors_name_what_was_wrong(tiny_model_dir: Path, tmp_path: Path) -> None:
