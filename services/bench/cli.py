@@ -2,7 +2,7 @@
 
 tiermesh bench [--scenario S] [--json] [--out DIR]   single vs hybrid vs progressive under load
 tiermesh bench sweep [--clients 1,2,...,64]          throughput by concurrency, single vs hybrid
-tiermesh bench engine [--json]                       continuous batching vs sequential generate
+tiermesh bench engine [--dtype D] [--json]           continuous batching vs sequential generate
 """
 
 from __future__ import annotations
@@ -46,6 +46,11 @@ def register(commands: Any) -> None:
     engine.add_argument(
         "--no-transformers-batching", action="store_true", help="skip transformers generate_batch"
     )
+    engine.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        help="weights' dtype (default: the folder's import dtype, else float32)",
+    )
     engine.add_argument("--json", action="store_true", help="one JSON object as the last line")
     engine.set_defaults(func=cmd_engine)
 
@@ -67,6 +72,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
             args.max_tokens,
             with_transformers_batching=not args.no_transformers_batching,
             progress=lambda text: status.update(text),
+            dtype=args.dtype,
         )
     print_engine_report(report, console)
     if args.json:

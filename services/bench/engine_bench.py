@@ -5,8 +5,8 @@ run at several concurrency levels, on one model, in this process.
 Reports tokens/s, TTFT p50/p99 and time per output token per level, the engine's TTFT p99 at
 each level over its first level's (batch 1 when the levels start at 1), and the batch-1 decode
 rate against the memory-bandwidth bound. A folder written by `tiermesh models import` runs in
-the dtype it was imported in (as a tier serves it), any other in float32. Knows torch and the
-engine; nothing of gRPC.
+the dtype it was imported in (as a tier serves it), any other in float32, unless a dtype is
+given. Knows torch and the engine; nothing of gRPC.
 """
 
 from __future__ import annotations
@@ -262,9 +262,11 @@ def run_engine_bench(
     prompts: list[str] | None = None,
     with_transformers_batching: bool = True,
     progress: Any = None,
+    dtype: str | None = None,
 ) -> dict[str, Any]:
+    """`dtype` None: the folder's import dtype, else float32."""
     prompts = prompts or DEFAULT_PROMPTS
-    dtype = imported_dtype(model) or "float32"
+    dtype = dtype or imported_dtype(model) or "float32"
     loaded = _in_own_thread(load_causal_lm, model, "cpu", dtype)
     rows: list[LevelResult] = []
     skipped: dict[str, str] = {}

@@ -31,3 +31,22 @@ def test_bench_engine_json(tiny_model_dir: Path) -> None:
     assert report["bandwidth"]["fraction_of_bound"] > 0
     assert report["bandwidth"]["decode_fraction_of_bound"] > 0
     assert "engine benchmark" in run.stderr
+
+
+def test_bench_engine_runs_the_dtype_asked_for(tiny_model_dir: Path) -> None:
+    reports = {}
+    for dtype in ("float32", "bfloat16"):
+        run = subprocess.run(
+            [sys.executable, "-m", "services.cli", "bench", "engine", "--json", "--dtype", dtype]
+            + ["--model", str(tiny_model_dir), "--concurrency", "1", "--max-tokens", "4"]
+            + ["--no-transformers-batching"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert run.returncode == 0, run.stderr
+        reports[dtype] = json.loads(run.stdout.strip().splitlines()[-1])
+    assert [r["dtype"] for r in reports.values()] == ["float32", "bfloat16"]
+    weights = [r["bandwidth"]["weights_bytes"] for r in reports.values()]
+    assert weights[0] == 2 * weights[1]  # the same parameters in half the bytes
