@@ -27,7 +27,7 @@ from services.gateway import completions
 from services.gateway.chat_request import parse_chat_request
 from services.gateway.errors import GatewayError
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.openai_wire import sse
+from services.gateway.openai_wire import DONE, sse
 from services.gateway.router_chat import RouterChat, call_metadata, start_span
 
 log = logging.getLogger(__name__)
@@ -126,9 +126,13 @@ class ChatCompletionsEndpoint:
                 await response.json(200, answer)
                 return
             await response.start(200, SSE_HEADERS)
+            last = b""
             async for data in completions.stream(chat, first, chat_request, metrics):
+                if data.endswith(DONE):  # the last piece: written with the body's end
+                    last = data
+                    continue
                 await response.body(data)
-            await response.end()
+            await response.end(last)
         finally:
             watch.cancel()
 

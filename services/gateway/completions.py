@@ -47,29 +47,38 @@ async def complete(
 async def stream(
     chat: RouterChat, first: Event, request: ChatCompletionRequest, metrics: GatewayMetrics
 ) -> AsyncIterator[bytes]:
-    """The SSE body of a streamed completion whose first router event is `first`."""
+    """The SSE body of a streamed completion whose first router event is `first`, in pieces
+    that are each one write: the role chunk goes out with the first content, an event's chunks
+    together, and the Final's chunks with `[DONE]` (the last piece, and the only one ending with
+    DONE), so a short answer costs few writes and wake-ups of the client."""
     relay = _StreamRelay(request, metrics)
     metrics.active_streams.inc()
-    try:
-        yield sse(
-            relay.writer.chunk(
-                {"role": "assistant", "content": ""}, with_usage_field=relay.include_usage
-            )
+    pending = sse(  # the role chunk, sent with the first content
+        relay.writer.chunk(
+            {"role": "assistant", "content": ""}, with_usage_field=relay.include_usage
         )
+    )
+    try:
         async for event in _events(chat, first):
             events = relay.feed(event)
-            if events:  # one write for an event's chunks (Final's come as two or three)
-                yield b"".join(events)
             if isinstance(event, FinalEvent):
-                await chat.next()  # the call's OK status, which follows Final
-                yield DONE
+                last, pending = pending + b"".join(events), b""
+                try:
+                    await chat.next()  # the call's OK status, which follows Final
+                except GatewayError:
+                    yield last  # the answer as it stands, then the error event below
+                    raise
+                yield last + DONE
                 return
+            if events:
+                yield pending + b"".join(events)
+                pending = b""
         raise GatewayError(502, "the router's stream ended without a final answer")
     except (GatewayError, AnswerReplaced) as e:
         error = (
             e if isinstance(e, GatewayError) else GatewayError(502, str(e), code="answer_replaced")
         )
-        yield sse(error.body())
+        yield pending + sse(error.body())
     finally:
         chat.cancel()
         metrics.active_streams.dec()

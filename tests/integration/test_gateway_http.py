@@ -54,6 +54,50 @@ def test_sse_framing(gateway: GatewayMesh) -> None:
     assert all("tiermesh" not in c for c in chunks)
 
 
+def _http_chunks(gateway: GatewayMesh, body: dict[str, object]) -> list[bytes]:
+    """The chunks of a chunked HTTP/1.1 response as they were framed on the wire."""
+    data = json.dumps(body).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    host, port = gateway.url.removeprefix("http://").rsplit(":", 1)
+    received = b""
+    with socket.create_connection((host, int(port)), timeout=30) as client:
+        client.sendall(head + data)
+        while part := client.recv(65536):
+            received += part
+    headers, rest = received.split(b"\r\n\r\n", 1)
+    assert b"transfer-encoding: chunked" in headers.lower()
+    chunks = []
+    while True:
+        size_line, rest = rest.split(b"\r\n", 1)
+        size = int(size_line, 16)
+        if size == 0:
+            return chunks
+        chunks.append(rest[:size])
+        assert rest[size : size + 2] == b"\r\n"
+        rest = rest[size + 2 :]
+
+
+def test_a_streamed_answer_is_written_in_few_pieces(gateway: GatewayMesh) -> None:
+    body = {"model": "tiermesh-small", "messages": MESSAGES, "stream": True, "max_tokens": 10}
+    chunks = _http_chunks(gateway, body)
+    events = [[e for e in c.decode().split("\n\n") if e] for c in chunks]
+    assert len(chunks) >= 2
+    first, *middle, last = events
+    # the role chunk goes out with the first content, not on its own
+    assert [json.loads(e.removeprefix("data: "))["choices"][0]["delta"] for e in first] == [
+        {"role": "assistant", "content": ""},
+        {"content": json.loads(first[1].removeprefix("data: "))["choices"][0]["delta"]["content"]},
+    ]
+    assert all(len(piece) == 1 for piece in middle)  # one write per content delta
+    # the finish chunk and [DONE] are one write (with the body's end)
+    assert last[-1] == "data: [DONE]"
+    finish = json.loads(last[-2].removeprefix("data: "))["choices"][0]
+    assert (finish["finish_reason"], finish["delta"]) == ("length", {})
+
+
 def test_revisions_header_opts_in(gateway: GatewayMesh) -> None:
     body = {"model": "tiermesh-progressive", "messages": MESSAGES, "stream": True}
     body["max_tokens"] = 8
