@@ -96,22 +96,22 @@ def prepare(model: Any) -> None:
     model.tiermesh_layers = [_layer(block, kernels) for block in llama.layers]
     model.tiermesh_final_norm = (llama.norm.weight, llama.norm.variance_epsilon)
     head_note = ""
-    if tied and not kernels.pack:  # one matrix for the lookup and the head: input-major, the
-        matrix = kernels.input_major(head.weight)  # lookup reads a column
+    if tied and not kernels.pack:  # no packing (GPUs): one input-major matrix for the lookup
+        matrix = kernels.input_major(head.weight)  # and the head; the lookup reads a column
         head.weight = torch.nn.Parameter(matrix.t(), requires_grad=False)
         embeddings.weight = head.weight
         model.tiermesh_head = linear_kernels.PlainLinear(head.weight, head.bias)
         head_note = ", the head (tied to the embeddings) input-major"
     else:
-        if tied:  # the packed head is opaque to a lookup: the embeddings keep a plain copy
+        if tied:  # a packed head cannot be indexed by token: the embeddings keep a plain copy
             embeddings.weight = torch.nn.Parameter(
                 head.weight.detach().clone(), requires_grad=False
             )
-            head_note = f", the head packed apart from the embeddings (+{_mib(head.weight)} MiB)"
         model.tiermesh_head = kernels.linear(head.weight, head.bias)
+        if tied:
+            form = "packed" if kernels.pack else "input-major"  # packing may fail on the head
+            head_note = f", the head {form} apart from the embeddings (+{_mib(head.weight)} MiB)"
         linear_kernels.release(head)
-        if tied and not kernels.pack:  # packing failed on the head itself: keep it plain
-            head_note = ", the head plain beside the embeddings"
     log.info(
         "%s: %d linear layers %s%s",
         type(model).__name__,
