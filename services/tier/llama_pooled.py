@@ -107,6 +107,7 @@ def prepare(model: Any) -> None:
             embeddings.weight = torch.nn.Parameter(
                 head.weight.detach().clone(), requires_grad=False
             )
+            model.tiermesh_extra_bytes = head.weight.numel() * head.weight.element_size()
         model.tiermesh_head = kernels.linear(head.weight, head.bias)
         if tied:
             form = "packed" if kernels.pack else "input-major"  # packing may fail on the head

@@ -33,6 +33,12 @@ class PooledPasses:
     decode_step: Callable[[Any, KvCachePool, list[int], list[int]], torch.Tensor]
 
 
+def layout_extra_bytes(model: Any) -> int:
+    """Bytes a prepared model holds beyond its parameters (a copy its layout needed, e.g. a
+    tied head packed apart from the embeddings); 0 for a model not prepared."""
+    return int(getattr(model, "tiermesh_extra_bytes", 0))
+
+
 def pooled_passes(model: Any, max_len: int) -> PooledPasses | str:
     """The passes for `model` with pool slots of `max_len` positions, or why it has none."""
     from services.tier import gpt2_pooled, llama_pooled

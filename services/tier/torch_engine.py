@@ -33,7 +33,7 @@ from services.tier.engine_lifecycle import EngineLifecycle, ModelFootprint
 from services.tier.kv_pool import KvCachePool, PoolFull
 from services.tier.model_fingerprint import folder_fingerprint
 from services.tier.model_loading import LoadedModel, load_causal_lm
-from services.tier.pooled_models import pooled_passes
+from services.tier.pooled_models import layout_extra_bytes, pooled_passes
 from services.tier.prepared_request import PreparedRequest, PromptFormat
 
 log = logging.getLogger(__name__)
@@ -237,7 +237,7 @@ class TorchEngine(EngineLifecycle):
         return ModelFootprint(
             model=loaded.name,
             params=loaded.params,
-            weights_bytes=loaded.weights_bytes,
+            weights_bytes=loaded.weights_bytes + layout_extra_bytes(loaded.model),
             kv_pool_capacity_tokens=capacity,
             kv_pool_used_tokens=used,
             kv_pool_peak_tokens=peak,

@@ -113,6 +113,8 @@ async def test_a_tier_serves_it_over_grpc(smollm2_dir: Path) -> None:
     # 30 layers x (keys + values) x 2 slots x 3 kv heads x (512 + 256) positions x 64 x 4 bytes
     assert status.kv_pool_capacity_tokens == 2 * (512 + 256)
     assert status.kv_pool_bytes == 30 * 2 * 2 * 3 * (512 + 256) * 64 * 4
+    # 134,515,008 float32 parameters, and the tied head's packed copy (49,152 x 576)
+    assert status.weights_bytes == (134_515_008 + 49_152 * 576) * 4
 
 
 def test_engine_bench_reports_the_same_fields_as_for_gpt2(

@@ -17,7 +17,7 @@ import torch
 
 from services.tier import huge_pages, linear_kernels, llama_pooled
 from services.tier.model_loading import load_causal_lm
-from services.tier.pooled_models import pooled_passes
+from services.tier.pooled_models import layout_extra_bytes, pooled_passes
 from services.tier.tokenizer_loading import encode_prompt
 from tests.engine_prompts import PROMPTS
 from tests.tiny_llama import build_variant
@@ -87,6 +87,9 @@ def test_prepared_layers_compute_what_the_modules_did_and_release_their_weights(
     assert isinstance(model.tiermesh_head, linear_kernels.PackedLinear)  # tied or not
     assert model.lm_head.weight.numel() == 0
     assert lookup.is_contiguous()  # (vocab, C): a lookup reads one row
+    # a tied head's second copy counts in what the tier reports it holds
+    copy = lookup.numel() * lookup.element_size() if model.config.tie_word_embeddings else 0
+    assert layout_extra_bytes(model) == copy
     prepared = model.tiermesh_layers
     passes.prepare(model)  # a second call changes nothing
     assert model.tiermesh_layers is prepared
@@ -156,6 +159,7 @@ def test_without_packing_a_tied_head_is_the_lookups_own_matrix_input_major(
     lookup = model.model.embed_tokens.weight
     assert isinstance(model.tiermesh_head, linear_kernels.PlainLinear)
     assert model.tiermesh_head.weight is lookup and lookup.t().is_contiguous()  # held once
+    assert layout_extra_bytes(model) == 0
     assert all(isinstance(layer.o, linear_kernels.PlainLinear) for layer in model.tiermesh_layers)
     prompt = encode_prompt(reference.tokenizer, PROMPTS[0])
     pool = passes.create_pool(model, 1, 128)
