@@ -35,23 +35,26 @@ class TierRecipe:
     augment: bool = True
 
 
-# Budgets (steps; minutes on a quiet 2-core machine with native bf16): small 1,200 (~4), medium
-# 1,100 (~8), large 1,800 (~38); `tiermesh models train` takes about 50 minutes. The larger tiers
+# Budgets (steps; minutes on a quiet 2-core machine with native bf16): small 2,000 (~7), medium
+# 1,100 (~8), large 1,800 (~35); `tiermesh models train` takes about 51 minutes. The larger tiers
 # get the longer budgets, as real small models are weaker for both reasons: at equal CPU time the
 # smaller model takes ~3x the steps and wins, so the budget is part of what makes a tier a tier.
 # And the larger tiers do not start from scratch: the medium starts from the trained small made
 # twice as wide, the large from the trained medium made 3.5x as deep (growth.py), so each begins
 # where the tier below ended and spends its budget going further with more parameters.
 # Fixed step counts make a run repeatable step for step, whatever else the machine is doing.
-# The small spends almost half its steps on simple requests, its job, in every wording the
-# rewording makes, and keeps some arithmetic for the medium grown from it; the medium spends more
-# on medium requests and complex orders. The large inherits simple and medium requests from the
-# medium and spends about two steps in three on complex orders, the class only it is meant to get
-# right, and one in five on medium requests, whose held-out wordings it must answer (a complex
-# batch is also the cheapest step: ~1.4 s against ~2.2 s for simple and ~2.6 s for drill batches,
-# which pad more).
+# The small's steps are the cheapest of the family, so it lays the arithmetic down for the tiers
+# grown from it: half its steps are complex orders and drills, 30% simple requests (its job, in
+# every wording the rewording makes: 600 steps, more than the 540 of a 1,200-step run at 45%).
+# Given only a quarter of 1,200 steps for arithmetic, the small passed on so little that the
+# large grown through the medium ended at 23% on complex orders; with half of 2,000, at 76%.
+# The medium spends more on medium requests and complex orders. The large inherits simple and
+# medium requests from the medium and spends about two steps in three on complex orders, the
+# class only it is meant to get right, and one in five on medium requests, whose held-out
+# wordings it must answer (a complex batch is also the cheapest step: ~1.4 s against ~2.2 s for
+# simple and ~2.6 s for drill batches, which pad more).
 SHORT_BUDGET_MIX = (0.15, 0.3, 0.4, 0.15)
-SMALL_MIX = (0.45, 0.3, 0.15, 0.1)
+SMALL_MIX = (0.3, 0.2, 0.35, 0.15)
 LARGE_MIX = (0.05, 0.2, 0.65, 0.1)
 RECIPES = {
     "small": TierRecipe(
@@ -60,8 +63,8 @@ RECIPES = {
         n_embd=192,
         n_head=4,
         lr=3e-3,
-        budget_share=5 / 50,
-        steps=1200,
+        budget_share=7 / 51,
+        steps=2000,
         step_mix=SMALL_MIX,
     ),
     "medium": TierRecipe(
@@ -70,7 +73,7 @@ RECIPES = {
         n_embd=384,
         n_head=8,
         lr=1e-3,
-        budget_share=8 / 50,
+        budget_share=8 / 51,
         steps=1100,
         warmup_steps=100,
         step_mix=SHORT_BUDGET_MIX,
@@ -82,7 +85,7 @@ RECIPES = {
         n_embd=384,
         n_head=8,
         lr=1e-3,
-        budget_share=37 / 50,
+        budget_share=36 / 51,
         steps=1800,
         warmup_steps=100,
         step_mix=LARGE_MIX,

@@ -55,3 +55,12 @@ def test_upper_case_questions_are_words_to_the_tokenizer_not_letters(small: Any)
     plain = len(tokenizer.tokenize(question))
     assert len(tokenizer.tokenize(question.upper())) <= plain + 3
     assert tokenizer.decode(tokenizer.encode(question.upper())) == question.upper()
+
+
+def test_large_model_totals_complex_orders() -> None:
+    large = load_causal_lm(ROOT / "services" / "tier_large" / "model")
+    orders = [i for i in load_split("test") if i.request_class == "complex"][:20]
+    answers = {item.id: complete(large, item.prompt).text for item in orders}
+    right = [item.id for item in orders if score(item, answers[item.id])]
+    # the whole receipt right, every price, product, sum, coupon and shipping line of it
+    assert len(right) >= 12, {i.prompt: answers[i.id] for i in orders if i.id not in right}

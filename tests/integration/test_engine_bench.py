@@ -7,22 +7,29 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_bench_engine_json(tiny_model_dir: Path) -> None:
+def _bench_engine(args: list[str]) -> tuple[dict[str, Any], str]:
+    """`tiermesh bench engine --json ARGS` in its own process: (the JSON report, stderr)."""
     run = subprocess.run(
-        [sys.executable, "-m", "services.cli", "bench", "engine", "--json"]
-        + ["--model", str(tiny_model_dir), "--concurrency", "1,3", "--max-tokens", "6"]
-        + ["--no-transformers-batching"],
+        [sys.executable, "-m", "services.cli", "bench", "engine", "--json", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert run.returncode == 0, run.stderr
-    report = json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(run.stdout.strip().splitlines()[-1]), run.stderr
+
+
+def test_bench_engine_json(tiny_model_dir: Path) -> None:
+    report, stderr = _bench_engine(
+        ["--model", str(tiny_model_dir), "--concurrency", "1,3", "--max-tokens", "6"]
+        + ["--no-transformers-batching"]
+    )
     assert report["levels"] == [1, 3]
     engines = {(row["engine"], row["concurrency"]) for row in report["rows"]}
     assert engines == {("tiermesh", 1), ("tiermesh", 3), ("hf_generate", 1), ("hf_generate", 3)}
@@ -30,23 +37,17 @@ def test_bench_engine_json(tiny_model_dir: Path) -> None:
     assert report["ratio_vs_generate_at_3"] > 0
     assert report["bandwidth"]["fraction_of_bound"] > 0
     assert report["bandwidth"]["decode_fraction_of_bound"] > 0
-    assert "engine benchmark" in run.stderr
+    assert "engine benchmark" in stderr
 
 
 def test_bench_engine_runs_the_dtype_asked_for(tiny_model_dir: Path) -> None:
-    reports = {}
-    for dtype in ("float32", "bfloat16"):
-        run = subprocess.run(
-            [sys.executable, "-m", "services.cli", "bench", "engine", "--json", "--dtype", dtype]
-            + ["--model", str(tiny_model_dir), "--concurrency", "1", "--max-tokens", "4"]
-            + ["--no-transformers-batching"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert run.returncode == 0, run.stderr
-        reports[dtype] = json.loads(run.stdout.strip().splitlines()[-1])
-    assert [r["dtype"] for r in reports.values()] == ["float32", "bfloat16"]
-    weights = [r["bandwidth"]["weights_bytes"] for r in reports.values()]
+    reports = [
+        _bench_engine(
+            ["--dtype", dtype, "--model", str(tiny_model_dir), "--concurrency", "1"]
+            + ["--max-tokens", "4", "--no-transformers-batching"]
+        )[0]
+        for dtype in ("float32", "bfloat16")
+    ]
+    assert [r["dtype"] for r in reports] == ["float32", "bfloat16"]
+    weights = [r["bandwidth"]["weights_bytes"] for r in reports]
     assert weights[0] == 2 * weights[1]  # the same parameters in half the bytes
