@@ -91,28 +91,32 @@ def prepare(model: Any) -> None:
     head, embeddings = model.lm_head, llama.embed_tokens
     tied = head.weight is embeddings.weight
     projections = [linear for block in llama.layers for linear in _block_linears(block)]
-    linear_kernels.own_memory(model, [p.weight for p in projections] + [head.weight])
     kernels = linear_kernels.LinearMaker.for_weight(embeddings.weight)
+    # Without packing (GPUs) a tied head and the lookup share one input-major matrix. Packed, a
+    # tied head cannot serve the lookup (a packed matrix is not indexed by token): the matrix
+    # stays with the embeddings, copied into memory of its own like every weight that stays.
+    shared = tied and not kernels.pack
+    moving = [p.weight for p in projections]
+    if shared or not tied:
+        moving.append(head.weight)
+    linear_kernels.own_memory(model, moving)
     model.tiermesh_layers = [_layer(block, kernels) for block in llama.layers]
     model.tiermesh_final_norm = (llama.norm.weight, llama.norm.variance_epsilon)
     head_note = ""
-    if tied and not kernels.pack:  # no packing (GPUs): one input-major matrix for the lookup
-        matrix = kernels.input_major(head.weight)  # and the head; the lookup reads a column
+    if shared:
+        matrix = kernels.input_major(head.weight)  # the lookup reads a column
         head.weight = torch.nn.Parameter(matrix.t(), requires_grad=False)
         embeddings.weight = head.weight
         model.tiermesh_head = linear_kernels.PlainLinear(head.weight, head.bias)
         head_note = ", the head (tied to the embeddings) input-major"
     else:
-        if tied:  # a packed head cannot be indexed by token: the embeddings keep a plain copy
-            embeddings.weight = torch.nn.Parameter(
-                head.weight.detach().clone(), requires_grad=False
-            )
-            model.tiermesh_extra_bytes = head.weight.numel() * head.weight.element_size()
         model.tiermesh_head = kernels.linear(head.weight, head.bias)
+        linear_kernels.release(head)  # the embeddings keep the matrix when it was tied
         if tied:
+            extra = embeddings.weight.numel() * embeddings.weight.element_size()
+            model.tiermesh_extra_bytes = extra
             form = "packed" if kernels.pack else "input-major"  # packing may fail on the head
-            head_note = f", the head {form} apart from the embeddings (+{_mib(head.weight)} MiB)"
-        linear_kernels.release(head)
+            head_note = f", the head {form} apart from the embeddings (+{extra / 2**20:.0f} MiB)"
     log.info(
         "%s: %d linear layers %s%s",
         type(model).__name__,
@@ -120,10 +124,6 @@ def prepare(model: Any) -> None:
         kernels.kind,
         head_note,
     )
-
-
-def _mib(tensor: torch.Tensor) -> int:
-    return round(tensor.numel() * tensor.element_size() / 2**20)
 
 
 def _block_linears(block: Any) -> list[Any]:

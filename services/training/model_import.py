@@ -117,7 +117,11 @@ def _load_folder(path: Path) -> tuple[Any, Any]:
 
 
 def import_model(
-    source: Path, out: Path, dtype: str = DEFAULT_DTYPE, package: str = "", dtype_choice: str = ""
+    source: Path,
+    out: Path,
+    dtype: str = DEFAULT_DTYPE,
+    package: str = "",
+    dtype_choice: str = "asked",
 ) -> ModelOrigin:
     """Writes the tier model folder `out` from `source` (a .gguf file or an HF folder);
     `dtype_choice` is recorded as why the dtype is what it is."""
@@ -155,7 +159,7 @@ def import_model(
         context_length=int(getattr(config, "max_position_embeddings", 0) or 0),
         chat_template=bool(getattr(tokenizer, "chat_template", None)),
         imported_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        dtype_choice=dtype_choice or "asked",
+        dtype_choice=dtype_choice,
     )
     (out / ORIGIN_FILE).write_text(json.dumps(asdict(origin), indent=2) + "\n")
     return origin

@@ -17,7 +17,7 @@ import torch
 
 from services.tier import huge_pages, linear_kernels, llama_pooled
 from services.tier.model_loading import load_causal_lm
-from services.tier.pooled_models import layout_extra_bytes, pooled_passes
+from services.tier.pooled_models import PooledPasses, layout_extra_bytes, pooled_passes
 from services.tier.tokenizer_loading import encode_prompt
 from tests.engine_prompts import PROMPTS
 from tests.tiny_llama import build_variant
@@ -46,6 +46,21 @@ def _generate(model: Any, ids: list[int], steps: int) -> list[int]:
             eos_token_id=None,
         )
     return [int(t) for t in out[0, len(ids) :]]
+
+
+def _pooled_greedy(
+    passes: PooledPasses, model: Any, prompts: list[list[int]], steps: int
+) -> list[list[int]]:
+    """`steps` greedy tokens for each prompt, decoded together through the pooled passes."""
+    pool = passes.create_pool(model, len(prompts), 128)
+    slots = list(range(len(prompts)))
+    tokens = passes.prefill(model, pool, pool.prefill_batch(slots, prompts)).argmax(-1).tolist()
+    rows = [[t] for t in tokens]
+    for _ in range(steps - 1):
+        tokens = passes.decode_step(model, pool, slots, tokens).argmax(-1).tolist()
+        for row, token in zip(rows, tokens, strict=True):
+            row.append(token)
+    return rows
 
 
 def test_prepared_layers_compute_what_the_modules_did_and_release_their_weights(
@@ -134,15 +149,7 @@ def test_prepared_model_decodes_what_generate_gives_on_the_checkpoint_as_loaded(
     assert not isinstance(passes, str)
     passes.prepare(model)
     prompts = [encode_prompt(reference.tokenizer, p) for p in PROMPTS[:3]]
-    pool = passes.create_pool(model, len(prompts), 128)
-    slots = list(range(len(prompts)))
-    tokens = passes.prefill(model, pool, pool.prefill_batch(slots, prompts)).argmax(-1).tolist()
-    pooled = [[t] for t in tokens]
-    for _ in range(11):
-        tokens = passes.decode_step(model, pool, slots, tokens).argmax(-1).tolist()
-        for row, token in zip(pooled, tokens, strict=True):
-            row.append(token)
-    for ids, row in zip(prompts, pooled, strict=True):
+    for ids, row in zip(prompts, _pooled_greedy(passes, model, prompts, 12), strict=True):
         assert row == _generate(reference.model, ids, 12)
 
 
@@ -162,13 +169,7 @@ def test_without_packing_a_tied_head_is_the_lookups_own_matrix_input_major(
     assert layout_extra_bytes(model) == 0
     assert all(isinstance(layer.o, linear_kernels.PlainLinear) for layer in model.tiermesh_layers)
     prompt = encode_prompt(reference.tokenizer, PROMPTS[0])
-    pool = passes.create_pool(model, 1, 128)
-    tokens = passes.prefill(model, pool, pool.prefill_batch([0], [prompt])).argmax(-1).tolist()
-    row = list(tokens)
-    for _ in range(11):
-        tokens = passes.decode_step(model, pool, [0], tokens).argmax(-1).tolist()
-        row += tokens
-    assert row == _generate(reference.model, prompt, 12)
+    assert _pooled_greedy(passes, model, [prompt], 12) == [_generate(reference.model, prompt, 12)]
 
 
 def test_huge_page_tensors_start_on_a_huge_page_and_small_ones_are_plain() -> None:
