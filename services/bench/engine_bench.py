@@ -52,6 +52,7 @@ class LevelResult:
     ttft_ms_p99: float
     tpot_ms: float  # mean time per output token after the first, per stream
     outputs: list[list[int]] | None = None  # generated ids per stream, sorted (not reported)
+    linear_layout: str = ""  # the engine's linear-layer layout (not reported per row)
 
 
 def _level(
@@ -125,6 +126,7 @@ async def run_ours(
     tpots = [(r[2] - r[1]) / (r[0] - 1) * 1000 for r in results if r[0] > 1]
     level = _level("tiermesh", concurrency, tokens, seconds, [r[1] * 1000 for r in results], tpots)
     level.outputs = sorted(outputs)
+    level.linear_layout = engine.linear_layout
     return level
 
 
@@ -213,6 +215,7 @@ def _row(result: LevelResult, reference: LevelResult | None) -> dict[str, Any]:
     """A report row; `matches_generate` says whether its greedy outputs equal HF generate's."""
     row = asdict(result)
     outputs = row.pop("outputs")
+    row.pop("linear_layout")  # one per report, not per row
     row["matches_generate"] = reference is not None and outputs == reference.outputs
     return row
 
@@ -293,6 +296,7 @@ def run_engine_bench(
         "dtype": dtype,
         "max_tokens": max_tokens,
         "torch_threads": torch.get_num_threads(),
+        "linear_layout": ours1.linear_layout if ours1 else "",
         "levels": levels,
         "rows": [_row(r, by.get(("hf_generate", r.concurrency))) for r in rows],
         "skipped": skipped,

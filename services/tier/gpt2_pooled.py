@@ -2,7 +2,8 @@
 at different lengths in one step, and batched prefill of several prompts into their slots.
 
 `prepare` turns each block's four Conv1D layers into the passes' own linear layers, once, in
-place (`linear_kernels`: packed by oneDNN on CPU), and releases the modules' weights; the rest
+place (`linear_kernels`: the layout measured fastest on this host), and releases the modules'
+weights; the rest
 of the transformers GPT2LMHeadModel (embeddings, layer norms, the tied head) is used as it is.
 On the built-in large tier (7 layers of 384, one thread) packing took a prefill of 16 prompts of
 30 tokens from 173 to 127 ms and a decode step of 16 streams from 9.8 to 7.5 ms (batch 1: 3.0 ms
@@ -60,7 +61,9 @@ def prepare(model: Any) -> None:
         [block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj] for block in gpt.h
     ]
     linear_kernels.own_memory(model, [conv.weight for block in convs for conv in block])
-    kernels = linear_kernels.LinearMaker.for_weight(gpt.wte.weight)
+    width = model.config.n_embd
+    widest = (int(model.config.n_inner or 4 * width), width)  # the MLP's first layer (out, in)
+    kernels = linear_kernels.LinearMaker.for_model(gpt.wte.weight, widest)
 
     def own(conv: Any) -> linear_kernels.Linear:
         linear = kernels.linear(conv.weight.t(), conv.bias)  # Conv1D holds (in, out)
@@ -72,6 +75,7 @@ def prepare(model: Any) -> None:
         for block, (attn, proj, fc, mlp_proj) in zip(gpt.h, convs, strict=True)
     ]
     model.tiermesh_layers = layers
+    model.tiermesh_linear_layout = kernels.choice
     log.info("%s: %d linear layers %s", type(model).__name__, 4 * len(layers), kernels.kind)
 
 

@@ -1,25 +1,32 @@
 """The linear layers of the pooled forward passes, each a callable y = x W^T + b, in the
-fastest form the device has: on CPU, the weight packed once by oneDNN (torch's own
-`mkldnn._reorder_linear_weight`, in the blocked layout oneDNN's kernels read fastest) and run
-by `mkldnn._linear_pointwise`; elsewhere, or where packing is unavailable or fails its check,
-F.linear over the weight stored input-major, (in, out) contiguous, which MKL's matrix-vector
-product streams faster than transformers' (out, in) layout.
+layout this host runs fastest: the weight packed once by oneDNN (torch's own
+`mkldnn._reorder_linear_weight`, run by `mkldnn._linear_pointwise`), or F.linear over the
+weight stored input-major, (in, out) contiguous, which MKL's matrix-vector product streams
+faster than transformers' (out, in) layout. Which one wins depends on the CPU and the dtype, so
+on CPU the choice is measured once per model (`choose_layout`, a few milliseconds at start-up,
+decode-sized products of the model's own widest shape), unless TIERMESH_LINEAR_LAYOUT names one;
+GPUs, and CPUs without oneDNN, use input-major.
 
-Measured on this project's CPU (2-core AMD EPYC, AVX2, one thread), a (1536, 576) float32
-layer: one row 6.96 ms per 60 layers packed against 8.38 input-major; 16 rows 18.4 against
-28.1; 200 rows 90 against 213. Packing is checked once per layer against F.linear on a
-random row (within float tolerance); the plain weight is not kept beside the packed one.
+Measured: on a 2-core AMD EPYC (AVX-512, no AMX), float32 (1536, 576) one row 6.96 ms per 60
+layers packed against 8.38 input-major; on a 2-core Intel Xeon with AMX, float32 (1536, 384)
+one row 101 us packed against 71 input-major (one thread; the built-in large's decode step 7.0
+against 4.0 ms), but bfloat16 43 us packed against 89. Packing is checked once per layer against
+F.linear on a random row (within float tolerance); the plain weight is not kept beside the
+packed one.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from services.common import env
 from services.tier import huge_pages
 
 log = logging.getLogger(__name__)
@@ -86,16 +93,81 @@ def packed(weight: torch.Tensor, bias: torch.Tensor | None) -> PackedLinear | No
     return None
 
 
-class LinearMaker:
-    """Makes a model's linear layers: packed while packing works, else plain input-major."""
+PACKED, INPUT_MAJOR = "packed", "input-major"
+# rows per product the choice is timed at: one decoding stream, and a batch of them
+TIMED_ROWS = (1, 16)
 
-    def __init__(self, pack: bool) -> None:
+
+def time_layouts(
+    out_features: int, in_features: int, dtype: torch.dtype, rounds: int = 5
+) -> dict[str, float]:
+    """Microseconds one product of each layout takes on this host (CPU), summed over
+    TIMED_ROWS rows: a random (out, in) layer, the two layouts timed in turn within each round
+    so a neighbour's load falls on both, the best round of each kept."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(out_features, in_features, generator=generator).to(dtype)
+    layers: dict[str, Linear] = {
+        PACKED: PackedLinear(weight, None),
+        INPUT_MAJOR: PlainLinear(weight.t().contiguous().t(), None),
+    }
+    inputs = [torch.randn(rows, in_features, generator=generator).to(dtype) for rows in TIMED_ROWS]
+    best = {name: float("inf") for name in layers}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for name, layer in layers.items():
+                started = time.perf_counter()
+                for _ in range(4):
+                    for x in inputs:
+                        layer(x)
+                best[name] = min(best[name], (time.perf_counter() - started) / 4 * 1e6)
+    return best
+
+
+def faster_layout(timings: Mapping[str, float]) -> str:
+    """The layout with the lower time (packed on a tie: it was the earlier default)."""
+    return INPUT_MAJOR if timings[INPUT_MAJOR] < timings[PACKED] else PACKED
+
+
+@dataclass(frozen=True)
+class LayoutChoice:
+    """Which layout a model's linear layers take, and why (for the log and the bench)."""
+
+    layout: str  # PACKED or INPUT_MAJOR
+    why: str  # "measured", "TIERMESH_LINEAR_LAYOUT", or why packing is not there
+    timings_us: dict[str, float] = field(default_factory=dict)
+
+
+def choose_layout(weight: torch.Tensor, shape: tuple[int, int]) -> LayoutChoice:
+    """The layout for a model whose parameters are like `weight` (device, dtype) and whose
+    widest linear layer is `shape` (out, in): input-major where packing is not available,
+    TIERMESH_LINEAR_LAYOUT's where it is set, else the one measured faster here."""
+    if not can_pack(weight.device, weight.dtype):
+        return LayoutChoice(INPUT_MAJOR, f"no oneDNN packing for {weight.device.type}")
+    asked = env.linear_layout()
+    if asked != "auto":
+        return LayoutChoice(asked, env.LINEAR_LAYOUT_ENV)
+    try:
+        timings = time_layouts(*shape, weight.dtype)
+    except (RuntimeError, AttributeError) as e:
+        log.warning("timing the linear layouts failed (%s): keeping them input-major", e)
+        return LayoutChoice(INPUT_MAJOR, "packing failed")
+    return LayoutChoice(faster_layout(timings), "measured", timings)
+
+
+class LinearMaker:
+    """Makes a model's linear layers: packed while packing works (when asked to pack), else
+    plain input-major."""
+
+    def __init__(self, pack: bool, choice: LayoutChoice | None = None) -> None:
         self.pack = pack
+        self.choice = choice
 
     @classmethod
-    def for_weight(cls, weight: torch.Tensor) -> LinearMaker:
-        """Packing where `weight`'s device and dtype allow it."""
-        return cls(can_pack(weight.device, weight.dtype))
+    def for_model(cls, weight: torch.Tensor, shape: tuple[int, int]) -> LinearMaker:
+        """The layout `choose_layout` picks for a model like `weight` whose widest linear
+        layer is `shape` (out, in)."""
+        choice = choose_layout(weight, shape)
+        return cls(choice.layout == PACKED, choice)
 
     def linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
         """The layer y = x `weight`^T + `bias`, `weight` (out, in) (copied, not kept)."""
@@ -117,7 +189,13 @@ class LinearMaker:
 
     @property
     def kind(self) -> str:
-        return "packed by oneDNN" if self.pack else "input-major (F.linear)"
+        kind = "packed by oneDNN" if self.pack else "input-major (F.linear)"
+        if self.choice is not None and self.choice.timings_us:
+            times = ", ".join(f"{k} {us:.0f} us" for k, us in self.choice.timings_us.items())
+            kind += f" (measured: {times})"
+        elif self.choice is not None and self.choice.why != "measured":
+            kind += f" ({self.choice.why})"
+        return kind
 
 
 def release(module: Any) -> None:

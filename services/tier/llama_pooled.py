@@ -9,17 +9,19 @@ share it while their sliding window, if any, covers the whole pool slot. Knows n
 tokenizers, sampling, requests or gRPC.
 
 `prepare` turns the transformers model's linear layers into the passes' own, once, in place
-(`linear_kernels`): on CPU packed by oneDNN, else stored input-major; a layer's queries, keys
+(`linear_kernels`): in the layout measured fastest on this host, packed by oneDNN or stored
+input-major; a layer's queries, keys
 and values in one matrix (one product instead of three), its gate and up in another. A decode
 step is a chain of matrix-vector products over the whole model, so how the weights are laid
 out sets its speed: on this project's CPU (AVX2, one thread) SmolLM2-135M's batch-1 decode step
 took 33.5 ms with transformers' layout, 26 ms input-major and 25 ms packed (the linear layers
 ~23 ms of it, everything else ~2 ms). The model's own copies of those weights are released, so
-a prepared model runs through these passes only. The head is packed too, a tied one apart from
-the embeddings, which keep a plain copy for the lookup (a packed matrix cannot be indexed by
-token): SmolLM2's 49,152 x 576 head took 4.0 ms a token input-major and 2.5 ms packed in
+a prepared model runs through these passes only. Packed, the head is packed too, a tied one
+apart from the embeddings, which keep a plain copy for the lookup (a packed matrix cannot be
+indexed by token): SmolLM2's 49,152 x 576 head took 4.0 ms a token input-major and 2.5 ms packed in
 float32, 4.0 and 0.9 ms in bfloat16 (two threads, AVX-512 BF16), for 113 MB (56 MB) more memory.
-Without packing (GPUs) a tied head stays one input-major matrix the lookup reads a column of.
+Input-major (GPUs, and CPUs where that measures faster) a tied head stays one matrix the lookup
+reads a column of.
 """
 
 from __future__ import annotations
@@ -91,10 +93,13 @@ def prepare(model: Any) -> None:
     head, embeddings = model.lm_head, llama.embed_tokens
     tied = head.weight is embeddings.weight
     projections = [linear for block in llama.layers for linear in _block_linears(block)]
-    kernels = linear_kernels.LinearMaker.for_weight(embeddings.weight)
-    # Without packing (GPUs) a tied head and the lookup share one input-major matrix. Packed, a
-    # tied head cannot serve the lookup (a packed matrix is not indexed by token): the matrix
-    # stays with the embeddings, copied into memory of its own like every weight that stays.
+    config = model.config
+    widest = (2 * int(config.intermediate_size), int(config.hidden_size))  # gate and up (out, in)
+    kernels = linear_kernels.LinearMaker.for_model(embeddings.weight, widest)
+    # Input-major (GPUs, or where it measured faster) a tied head and the lookup share one
+    # matrix. Packed, a tied head cannot serve the lookup (a packed matrix is not indexed by
+    # token): the matrix stays with the embeddings, copied into memory of its own like every
+    # weight that stays.
     shared = tied and not kernels.pack
     moving = [p.weight for p in projections]
     if shared or not tied:
@@ -102,6 +107,7 @@ def prepare(model: Any) -> None:
     linear_kernels.own_memory(model, moving)
     model.tiermesh_layers = [_layer(block, kernels) for block in llama.layers]
     model.tiermesh_final_norm = (llama.norm.weight, llama.norm.variance_epsilon)
+    model.tiermesh_linear_layout = kernels.choice
     head_note = ""
     if shared:
         matrix = kernels.input_major(head.weight)  # the lookup reads a column

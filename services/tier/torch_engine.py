@@ -63,6 +63,14 @@ class TorchEngine(EngineLifecycle):
     def batching(self) -> bool:
         return self._scheduler is not None
 
+    @property
+    def linear_layout(self) -> str:
+        """How the batching passes lay out the linear layers ("packed" or "input-major", with
+        why), "" before start or without batching."""
+        model = self._loaded.model if self._loaded is not None else None
+        choice = getattr(model, "tiermesh_linear_layout", None)
+        return "" if choice is None else f"{choice.layout} ({choice.why})"
+
     def _fingerprint_model(self) -> str:
         return folder_fingerprint(self._config.model_path)
 

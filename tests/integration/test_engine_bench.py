@@ -37,6 +37,8 @@ def test_bench_engine_json(tiny_model_dir: Path) -> None:
     assert report["ratio_vs_generate_at_3"] > 0
     assert report["bandwidth"]["fraction_of_bound"] > 0
     assert report["bandwidth"]["decode_fraction_of_bound"] > 0
+    # which layout the engine's linear layers took on this host, and that it was measured
+    assert report["linear_layout"] in ("packed (measured)", "input-major (measured)")
     assert "engine benchmark" in stderr
 
 

@@ -1,11 +1,12 @@
 """The Llama-family linear layers prepared for the pooled passes, on tiny seeded checkpoints
 (tied Llama, Llama with biases on every projection, Qwen2 with an untied head): after `prepare`
-each layer holds its own linear layers (oneDNN-packed on this CPU) that compute what the
+each layer holds its own linear layers (oneDNN-packed when asked to) that compute what the
 module's weights did, the modules' own weights are released, the head is packed too (a tied
 one apart from a plain copy the embedding lookup reads), and the pooled passes decode what
 `generate` gives on the same checkpoint loaded as it is; GPT-2's blocks get packed layers too.
-Also the plain input-major kernels (the path of GPUs and of CPUs without oneDNN: there a tied
-head stays one matrix with the lookup) and the huge-page allocation they use."""
+Also the plain input-major kernels (the path of GPUs, of CPUs without oneDNN, and of CPUs where
+they measure faster: there a tied head stays one matrix with the lookup), the measured choice
+between the two, and the huge-page allocation the plain kernels use."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from typing import Any
 import pytest
 import torch
 
+from services.common import env
+from services.common.errors import ConfigError
 from services.tier import huge_pages, linear_kernels, llama_pooled
 from services.tier.model_loading import load_causal_lm
 from services.tier.pooled_models import PooledPasses, layout_extra_bytes, pooled_passes
@@ -63,8 +66,14 @@ def _pooled_greedy(
     return rows
 
 
+@pytest.fixture
+def packed_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiers pack their linear layers whatever this host measures faster."""
+    monkeypatch.setenv(env.LINEAR_LAYOUT_ENV, "packed")
+
+
 def test_prepared_layers_compute_what_the_modules_did_and_release_their_weights(
-    llama_dir: Path,
+    llama_dir: Path, packed_layout: None
 ) -> None:
     model = load_causal_lm(llama_dir).model
     blocks = model.model.layers
@@ -110,7 +119,9 @@ def test_prepared_layers_compute_what_the_modules_did_and_release_their_weights(
     assert model.tiermesh_layers is prepared
 
 
-def test_gpt2_blocks_get_packed_layers_that_compute_what_conv1d_did(tiny_model_dir: Path) -> None:
+def test_gpt2_blocks_get_packed_layers_that_compute_what_conv1d_did(
+    tiny_model_dir: Path, packed_layout: None
+) -> None:
     model = load_causal_lm(tiny_model_dir).model
     x = torch.randn(2, model.config.n_embd, generator=torch.Generator().manual_seed(5))
     with torch.inference_mode():
@@ -170,6 +181,66 @@ def test_without_packing_a_tied_head_is_the_lookups_own_matrix_input_major(
     assert all(isinstance(layer.o, linear_kernels.PlainLinear) for layer in model.tiermesh_layers)
     prompt = encode_prompt(reference.tokenizer, PROMPTS[0])
     assert _pooled_greedy(passes, model, [prompt], 12) == [_generate(reference.model, prompt, 12)]
+
+
+def test_layers_asked_input_major_are_plain_and_decode_what_generate_gives(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(env.LINEAR_LAYOUT_ENV, "input-major")
+    reference = load_causal_lm(tiny_model_dir)
+    model = load_causal_lm(tiny_model_dir).model
+    passes = pooled_passes(model, 128)
+    assert not isinstance(passes, str)
+    passes.prepare(model)
+    choice = model.tiermesh_linear_layout
+    assert (choice.layout, choice.why) == (linear_kernels.INPUT_MAJOR, env.LINEAR_LAYOUT_ENV)
+    for layer in model.tiermesh_layers:
+        for linear in (layer.attn, layer.proj, layer.fc, layer.mlp_proj):
+            assert isinstance(linear, linear_kernels.PlainLinear)
+            assert linear.weight.t().is_contiguous()  # (in, out) storage
+    prompts = [encode_prompt(reference.tokenizer, p) for p in PROMPTS[:2]]
+    for ids, row in zip(prompts, _pooled_greedy(passes, model, prompts, 12), strict=True):
+        assert row == _generate(reference.model, ids, 12)
+
+
+def test_auto_layout_is_the_one_measured_faster_on_this_host(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(env.LINEAR_LAYOUT_ENV, raising=False)
+    model = load_causal_lm(tiny_model_dir).model
+    passes = pooled_passes(model, 64)
+    assert not isinstance(passes, str)
+    passes.prepare(model)
+    choice = model.tiermesh_linear_layout
+    timings = choice.timings_us
+    assert choice.why == "measured"
+    assert set(timings) == {linear_kernels.PACKED, linear_kernels.INPUT_MAJOR}
+    assert all(0 < us < 1e6 for us in timings.values())
+    assert choice.layout == linear_kernels.faster_layout(timings)
+    kind = (
+        linear_kernels.PackedLinear
+        if choice.layout == linear_kernels.PACKED
+        else linear_kernels.PlainLinear
+    )
+    assert all(isinstance(layer.fc, kind) for layer in model.tiermesh_layers)
+
+
+def test_the_faster_layout_wins_and_a_tie_keeps_packing() -> None:
+    faster = linear_kernels.faster_layout
+    assert faster({"packed": 101.0, "input-major": 71.0}) == "input-major"
+    assert faster({"packed": 43.0, "input-major": 89.0}) == "packed"
+    assert faster({"packed": 50.0, "input-major": 50.0}) == "packed"
+
+
+def test_an_unknown_layout_asked_for_is_a_config_error_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(env.LINEAR_LAYOUT_ENV, "blocked")
+    with pytest.raises(ConfigError, match=r"TIERMESH_LINEAR_LAYOUT='blocked'.*auto, packed"):
+        env.linear_layout()
+    weight = torch.zeros(4, 4)
+    with pytest.raises(ConfigError):
+        linear_kernels.choose_layout(weight, (16, 4))
 
 
 def test_huge_page_tensors_start_on_a_huge_page_and_small_ones_are_plain() -> None:
