@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from services.tier import linear_kernels
 from services.tier.kv_pool import KvCachePool, PrefillBatch
+from services.tier.prefill_attention import padded_prompts, prompt_attention
 
 log = logging.getLogger(__name__)
 
@@ -106,15 +107,11 @@ def prefill(model: Any, pool: KvCachePool, batch: PrefillBatch) -> torch.Tensor:
     gpt = model.transformer
     heads, width = model.config.n_head, model.config.n_embd
     x = gpt.wte(batch.tokens) + gpt.wpe(batch.positions)  # (1, N, C)
+    padded = padded_prompts(batch, x.device)
     for index, (block, layer) in enumerate(zip(gpt.h, model.tiermesh_layers, strict=True)):
         q, k, v = layer.attn(block.ln_1(x)).split(width, dim=2)  # 3 x (1, N, C)
         q, k, v = (_split_heads(t, heads) for t in (q, k, v))  # (1, nh, N, hs)
-        parts = []
-        for row, (start, end) in enumerate(batch.segments):
-            qs, ks, vs = q[:, :, start:end], k[:, :, start:end], v[:, :, start:end]  # (1,nh,T,hs)
-            pool.store_prompt(index, batch, row, ks, vs)
-            parts.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True))
-        y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)  # (1, nh, N, hs)
+        y = prompt_attention(pool, batch, padded, index, q, k, v)  # (1, nh, N, hs)
         y = y.transpose(1, 2).reshape(1, -1, width)  # (1, N, C)
         x = x + layer.proj(y)
         x = x + layer.mlp_proj(layer.act(layer.fc(block.ln_2(x))))

@@ -143,6 +143,17 @@ class KvCachePool:
         self.keys[layer, slot, :, :steps] = keys[0]
         self.values[layer, slot, :, :steps] = values[0]
 
+    def store_prompts(
+        self, layer: int, batch: PrefillBatch, keys: torch.Tensor, values: torch.Tensor
+    ) -> None:
+        """Writes every prompt's keys and values (B, nkv, T, hs), padded to the longest prompt
+        T with zeros, at positions [0, T) of their slots, in one write each: a slot's positions
+        past its prompt hold zeros until its own decode steps write them."""
+        steps = keys.shape[2]
+        index = torch.tensor(batch.slots, dtype=torch.long, device=self.device)
+        self.keys[layer, index, :, :steps] = keys
+        self.values[layer, index, :, :steps] = values
+
     def finish_prompts(self, batch: PrefillBatch) -> None:
         for slot, (start, end) in zip(batch.slots, batch.segments, strict=True):
             self.lengths[slot] = end - start

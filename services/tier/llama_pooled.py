@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from services.tier import linear_kernels
 from services.tier.kv_pool import KvCachePool, PrefillBatch
+from services.tier.prefill_attention import padded_prompts, prompt_attention
 
 log = logging.getLogger(__name__)
 
@@ -251,19 +252,11 @@ def prefill(model: Any, pool: KvCachePool, batch: PrefillBatch) -> torch.Tensor:
     llama = model.model
     x = F.embedding(batch.tokens, llama.embed_tokens.weight)  # (1, N, C)
     cos, sin = (t[:, :, None] for t in _rotary(llama, x, batch.positions))  # (1, N, 1, hs)
+    padded = padded_prompts(batch, x.device)
     for index, layer in enumerate(model.tiermesh_layers):
         q, k, v = _qkv(layer, _norm(layer.input_norm, x), cos, sin)  # (1, N, nh|nkv, hs)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (1, nh|nkv, N, hs)
-        parts = []
-        for row, (start, end) in enumerate(batch.segments):
-            qs, ks, vs = q[:, :, start:end], k[:, :, start:end], v[:, :, start:end]
-            pool.store_prompt(index, batch, row, ks, vs)
-            parts.append(
-                F.scaled_dot_product_attention(
-                    qs, ks, vs, is_causal=True, scale=layer.scaling, enable_gqa=True
-                )
-            )  # (1, nh, T, hs)
-        y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)  # (1, nh, N, hs)
+        y = prompt_attention(pool, batch, padded, index, q, k, v, scale=layer.scaling)
         y = y.transpose(1, 2).reshape(1, x.shape[1], -1)  # (1, N, C)
         x = x + layer.o(y)
         x = x + _mlp(layer, _norm(layer.post_norm, x))

@@ -1,6 +1,7 @@
 """Batched prefill on real tiny checkpoints (GPT-2, and Llama-family models with grouped-query
-attention): prompts prefilled together in one packed forward give the same logits and the
-same greedy tokens as each prompt prefilled alone, and a burst of requests to the engine is
+attention): prompts prefilled together in one packed forward, attending one prompt a call or,
+of similar lengths, padded into one call, give the same logits and the same greedy tokens as
+each prompt prefilled alone, and a burst of requests to the engine is
 prefilled in shared passes with every answer equal to decoding it alone."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from services.tier.engine import GenerationRequest, Sampling
 from services.tier.kv_pool import KvCachePool
 from services.tier.model_loading import load_causal_lm
 from services.tier.pooled_models import PooledPasses, pooled_passes
+from services.tier.prefill_attention import padded_prompts
 from services.tier.tokenizer_loading import encode_prompt
 from services.tier.torch_engine import TorchEngine
 from tests.engine_prompts import PROMPTS
@@ -50,15 +52,31 @@ def _greedy(
     return out
 
 
-def test_packed_prefill_equals_one_prompt_at_a_time(model_dir: Path) -> None:
+# prompts of similar lengths: attention runs as one call over them padded to the longest
+SIMILAR = [
+    "What is your return policy?",
+    "How much does the blue kettle cost?",
+    "The total for 2 mugs",
+    "Hello, thank you",
+    "Do you ship abroad?",
+]
+
+
+@pytest.mark.parametrize(("prompt_texts", "padded"), [(PROMPTS, False), (SIMILAR, True)])
+def test_packed_prefill_equals_one_prompt_at_a_time(
+    model_dir: Path, prompt_texts: list[str], padded: bool
+) -> None:
     loaded = load_causal_lm(model_dir)
     passes = pooled_passes(loaded.model, 128)
     assert not isinstance(passes, str)
     passes.prepare(loaded.model)
-    prompts = [encode_prompt(loaded.tokenizer, p) for p in PROMPTS]
+    prompts = [encode_prompt(loaded.tokenizer, p) for p in prompt_texts]
     slots = list(range(len(prompts)))
     together = passes.create_pool(loaded.model, len(prompts), 128)
-    batched = passes.prefill(loaded.model, together, together.prefill_batch(slots, prompts))
+    batch = together.prefill_batch(slots, prompts)
+    # mixed lengths attend one prompt a call; similar ones padded, in one call
+    assert (padded_prompts(batch, torch.device("cpu")) is not None) == padded
+    batched = passes.prefill(loaded.model, together, batch)
     alone_pool = passes.create_pool(loaded.model, len(prompts), 128)
     alone = torch.cat(
         [
@@ -69,6 +87,7 @@ def test_packed_prefill_equals_one_prompt_at_a_time(model_dir: Path) -> None:
     assert batched.shape == alone.shape == (len(prompts), batched.shape[1])
     torch.testing.assert_close(batched, alone, rtol=1e-4, atol=1e-4)
     assert together.lengths == alone_pool.lengths == [len(p) for p in prompts]
+    # padding reaches the pool as zeros, past each prompt's own length
     torch.testing.assert_close(together.keys, alone_pool.keys, rtol=1e-4, atol=1e-4)
     assert _greedy(loaded.model, passes, together, batched, 12) == _greedy(
         loaded.model, passes, alone_pool, alone, 12
