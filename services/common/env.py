@@ -6,7 +6,7 @@
 | TIERMESH_LOG_LEVEL | log level of every service (DEBUG, INFO, WARNING, ERROR) | INFO |
 | TIERMESH_RUN_DIR | folder where `tiermesh run` writes service logs | .tiermesh |
 | TIERMESH_TORCH_THREADS | torch intra-op threads per tier process (overrides the config) | unset |
-| TIERMESH_LINEAR_LAYOUT | tiers' linear layers on CPU: `auto`, `packed`, `input-major` | auto |
+| TIERMESH_LINEAR_LAYOUT | tiers' linear layers on CPU: `auto`, `packed`, `input-major` (*) | auto |
 | TIERMESH_TRACE_FILE | JSON-lines span file of every service | `tiermesh run`: in run dir |
 | TIERMESH_METRICS_HOST | address the Prometheus /metrics endpoints bind to | 127.0.0.1 |
 | TIERMESH_TRUST_TRACE_CONTEXT | `1`: the router continues callers' trace context, baggage | no |
@@ -15,6 +15,8 @@
 | OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES | override the service name / add attributes | unset |
 | OTEL_TRACES_EXPORTER | `console` prints spans to stderr | unset |
 | GRPC_XDS_BOOTSTRAP(_CONFIG) | xDS bootstrap file (inline JSON) for xds:/// targets | unset |
+
+(*) read by services/tier/linear_kernels.py itself: the engines import nothing that reaches gRPC.
 
 The other standard `OTEL_*` settings (OTEL_BSP_SCHEDULE_DELAY, OTEL_METRIC_EXPORT_INTERVAL, ...)
 apply as OpenTelemetry documents them; services/common/telemetry.py reads them through the SDK.
@@ -26,12 +28,8 @@ import os
 
 from tiermesh.client.router_client import DEFAULT_ROUTER_ADDRESS, router_address
 
-from services.common.errors import ConfigError
-
 __all__ = [
     "DEFAULT_ROUTER_ADDRESS",
-    "LINEAR_LAYOUT_ENV",
-    "linear_layout",
     "log_level",
     "metrics_host",
     "router_address",
@@ -55,18 +53,3 @@ def torch_threads() -> int | None:
 
 def metrics_host() -> str:
     return os.environ.get("TIERMESH_METRICS_HOST", "127.0.0.1")
-
-
-LINEAR_LAYOUT_ENV = "TIERMESH_LINEAR_LAYOUT"
-LINEAR_LAYOUTS = ("auto", "packed", "input-major")
-
-
-def linear_layout() -> str:
-    """How a tier lays out its linear layers on CPU: `auto` (the faster of the two, timed at
-    start-up), `packed` (oneDNN) or `input-major` (F.linear); raises ConfigError otherwise."""
-    value = os.environ.get(LINEAR_LAYOUT_ENV, "auto").strip().lower() or "auto"
-    if value not in LINEAR_LAYOUTS:
-        raise ConfigError(
-            f"{LINEAR_LAYOUT_ENV}={value!r}: expected one of {', '.join(LINEAR_LAYOUTS)}"
-        )
-    return value

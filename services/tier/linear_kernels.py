@@ -18,6 +18,7 @@ packed one.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from services.common import env
+from services.common.errors import ConfigError
 from services.tier import huge_pages
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,8 @@ def packed(weight: torch.Tensor, bias: torch.Tensor | None) -> PackedLinear | No
 
 
 PACKED, INPUT_MAJOR = "packed", "input-major"
+LINEAR_LAYOUT_ENV = "TIERMESH_LINEAR_LAYOUT"  # listed with the others in services/common/env.py
+LINEAR_LAYOUTS = ("auto", PACKED, INPUT_MAJOR)
 # rows per product the choice is timed at: one decoding stream, and a batch of them
 TIMED_ROWS = (1, 16)
 
@@ -137,15 +140,26 @@ class LayoutChoice:
     timings_us: dict[str, float] = field(default_factory=dict)
 
 
+def asked_layout() -> str:
+    """TIERMESH_LINEAR_LAYOUT: `auto` (the default: the faster of the two, timed at start-up),
+    `packed` (oneDNN) or `input-major` (F.linear); raises ConfigError for anything else."""
+    value = os.environ.get(LINEAR_LAYOUT_ENV, "auto").strip().lower() or "auto"
+    if value not in LINEAR_LAYOUTS:
+        raise ConfigError(
+            f"{LINEAR_LAYOUT_ENV}={value!r}: expected one of {', '.join(LINEAR_LAYOUTS)}"
+        )
+    return value
+
+
 def choose_layout(weight: torch.Tensor, shape: tuple[int, int]) -> LayoutChoice:
     """The layout for a model whose parameters are like `weight` (device, dtype) and whose
     widest linear layer is `shape` (out, in): input-major where packing is not available,
     TIERMESH_LINEAR_LAYOUT's where it is set, else the one measured faster here."""
     if not can_pack(weight.device, weight.dtype):
         return LayoutChoice(INPUT_MAJOR, f"no oneDNN packing for {weight.device.type}")
-    asked = env.linear_layout()
+    asked = asked_layout()
     if asked != "auto":
-        return LayoutChoice(asked, env.LINEAR_LAYOUT_ENV)
+        return LayoutChoice(asked, LINEAR_LAYOUT_ENV)
     try:
         timings = time_layouts(*shape, weight.dtype)
     except (RuntimeError, AttributeError) as e:

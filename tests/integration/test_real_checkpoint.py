@@ -15,8 +15,8 @@ import pytest
 import torch
 from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
 
-from services.common import env
 from services.common.config import TierConfig
+from services.tier import linear_kernels
 from services.tier.engine import GenerationRequest
 from services.tier.model_loading import LoadedModel, imported_dtype, load_causal_lm
 from services.tier.server import start_tier
@@ -92,7 +92,9 @@ async def test_batched_greedy_output_equals_hf_generate(smollm2_dir: Path) -> No
 async def test_a_tier_serves_it_over_grpc(
     smollm2_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(env.LINEAR_LAYOUT_ENV, "packed")  # its weights_bytes is asserted below
+    monkeypatch.setenv(
+        linear_kernels.LINEAR_LAYOUT_ENV, "packed"
+    )  # its weights_bytes is asserted below
     config = TierConfig(name="large", model_path=smollm2_dir, max_running=2, torch_threads=2)
     tier = await start_tier(config)
     try:

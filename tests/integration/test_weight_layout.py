@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import torch
 
-from services.common import env
 from services.common.errors import ConfigError
 from services.tier import huge_pages, linear_kernels, llama_pooled
 from services.tier.model_loading import load_causal_lm
@@ -69,7 +68,7 @@ def _pooled_greedy(
 @pytest.fixture
 def packed_layout(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tiers pack their linear layers whatever this host measures faster."""
-    monkeypatch.setenv(env.LINEAR_LAYOUT_ENV, "packed")
+    monkeypatch.setenv(linear_kernels.LINEAR_LAYOUT_ENV, "packed")
 
 
 def test_prepared_layers_compute_what_the_modules_did_and_release_their_weights(
@@ -186,14 +185,17 @@ def test_without_packing_a_tied_head_is_the_lookups_own_matrix_input_major(
 def test_layers_asked_input_major_are_plain_and_decode_what_generate_gives(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(env.LINEAR_LAYOUT_ENV, "input-major")
+    monkeypatch.setenv(linear_kernels.LINEAR_LAYOUT_ENV, "input-major")
     reference = load_causal_lm(tiny_model_dir)
     model = load_causal_lm(tiny_model_dir).model
     passes = pooled_passes(model, 128)
     assert not isinstance(passes, str)
     passes.prepare(model)
     choice = model.tiermesh_linear_layout
-    assert (choice.layout, choice.why) == (linear_kernels.INPUT_MAJOR, env.LINEAR_LAYOUT_ENV)
+    assert (choice.layout, choice.why) == (
+        linear_kernels.INPUT_MAJOR,
+        linear_kernels.LINEAR_LAYOUT_ENV,
+    )
     for layer in model.tiermesh_layers:
         for linear in (layer.attn, layer.proj, layer.fc, layer.mlp_proj):
             assert isinstance(linear, linear_kernels.PlainLinear)
@@ -206,7 +208,7 @@ def test_layers_asked_input_major_are_plain_and_decode_what_generate_gives(
 def test_auto_layout_is_the_one_measured_faster_on_this_host(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(env.LINEAR_LAYOUT_ENV, raising=False)
+    monkeypatch.delenv(linear_kernels.LINEAR_LAYOUT_ENV, raising=False)
     model = load_causal_lm(tiny_model_dir).model
     passes = pooled_passes(model, 64)
     assert not isinstance(passes, str)
@@ -235,9 +237,9 @@ def test_the_faster_layout_wins_and_a_tie_keeps_packing() -> None:
 def test_an_unknown_layout_asked_for_is_a_config_error_naming_the_variable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv(env.LINEAR_LAYOUT_ENV, "blocked")
+    monkeypatch.setenv(linear_kernels.LINEAR_LAYOUT_ENV, "blocked")
     with pytest.raises(ConfigError, match=r"TIERMESH_LINEAR_LAYOUT='blocked'.*auto, packed"):
-        env.linear_layout()
+        linear_kernels.asked_layout()
     weight = torch.zeros(4, 4)
     with pytest.raises(ConfigError):
         linear_kernels.choose_layout(weight, (16, 4))
