@@ -144,6 +144,12 @@ def register_hybrid(bench: argparse.ArgumentParser, kinds: Any) -> None:
         "--router also the gateway's overhead over it",
     )
     bench.add_argument("--url", help="--target openai: base URL, e.g. http://127.0.0.1:8080/v1")
+    bench.add_argument(
+        "--relay-floor",
+        action="store_true",
+        help="--target openai --router: at one stream also time a bare HTTP-to-gRPC relay "
+        "(services/bench/relay_floor.py) beside the gateway: the least any relay adds here",
+    )
     bench.set_defaults(func=cmd_bench)
     sweep = kinds.add_parser(
         "sweep",

@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from contextlib import nullcontext
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from services.bench.openai_target import gateway_overhead, run_openai
+from services.bench.relay_floor import relay_floor
 from services.bench.scenarios import Scenario
 
 OVERHEAD_S = 10.0  # closed-loop seconds per side and stream count
@@ -37,13 +39,18 @@ def run_openai_bench(args: argparse.Namespace, scenario: Scenario, console: Cons
             run_openai(url, models, scenario, args.max_tokens, args.timeout, args.max_in_flight)
         )
     if args.router:
-        with console.status(f"gateway overhead over the router at {args.router}"):
+        with (
+            console.status(f"gateway overhead over the router at {args.router}"),
+            relay_floor(args.router) if args.relay_floor else nullcontext() as floor_url,
+        ):
             report["gateway_overhead"] = asyncio.run(
                 gateway_overhead(
                     url, args.router, models[0], args.max_tokens, args.timeout,
-                    args.duration or OVERHEAD_S, args.seed,
+                    args.duration or OVERHEAD_S, args.seed, floor_url=floor_url,
                 )
             )  # fmt: skip
+    elif args.relay_floor:
+        raise ValueError("--relay-floor needs --router (the router the gateway calls)")
     console.print(latency_table(report))
     if "gateway_overhead" in report:
         console.print(overhead_table(report["gateway_overhead"]))
@@ -102,4 +109,14 @@ def overhead_table(overhead: dict[str, Any]) -> Table:
             f"{g['output_tokens_per_s']:.0f} / {h['output_tokens_per_s']:.0f}",
             f"{level['tokens_per_s_ratio']}",
         )
+        if "relay_floor" in level:
+            f = level["relay_floor"]
+            table.add_row(
+                "  bare relay",
+                f"{g['ttft_ms']['p50']} / {f['ttft_ms']['p50']}",
+                f"{level['floor_ttft_added_ms']['p50']}",
+                f"{level['floor_ttft_added_ms']['p99']}",
+                f"{g['output_tokens_per_s']:.0f} / {f['output_tokens_per_s']:.0f}",
+                "",
+            )
     return table

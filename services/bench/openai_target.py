@@ -267,6 +267,7 @@ async def gateway_overhead(
     duration_s: float,
     seed: int,
     streams: Sequence[int] = OVERHEAD_STREAMS,
+    floor_url: str | None = None,
 ) -> dict[str, Any]:
     """The same closed-loop load through the gateway and directly through the router, at each
     stream count: TTFT p50/p99 added by the gateway and the tokens/s ratio (gateway / direct).
@@ -274,7 +275,10 @@ async def gateway_overhead(
     At one stream the client alternates between the two request by request; at more, the two
     sides take turns in quarters of the duration (direct, gateway, gateway, direct), so a load
     that drifts on the machine falls on both. A plain http:// gateway is called with the lean
-    SSE client (its own cost kept out of the number); https:// with httpx."""
+    SSE client (its own cost kept out of the number); https:// with httpx. With `floor_url` (a
+    bare relay, services/bench/relay_floor.py) the one-stream round alternates over it too: its
+    added TTFT is what any HTTP-to-gRPC relay costs on this host, and `gateway_over_floor_ms`
+    what the gateway's own work adds to that."""
     options = GRPC_EQUIVALENT.get(model)
     if options is None:
         raise ValueError(f"--model: no gRPC equivalent of {model!r} to compare against")
@@ -283,6 +287,7 @@ async def gateway_overhead(
     http: httpx.AsyncClient | SsePool = (
         SsePool(url) if lean else _http_client(timeout_s, max(streams))
     )
+    floor = SsePool(floor_url) if floor_url is not None else None
     try:
         async with AsyncRouterClient(router) as grpc_client:
 
@@ -292,18 +297,32 @@ async def gateway_overhead(
             async def direct(prompt: str) -> StreamTiming:
                 return await grpc_stream(grpc_client, options, prompt, max_tokens)
 
+            async def via_floor(prompt: str) -> StreamTiming:
+                assert floor is not None and floor_url is not None
+                return await openai_stream(floor, floor_url, model, prompt, max_tokens)
+
             warmup = min(2.0, duration_s / 4)
             for n in streams:
                 if n == 1:
-                    timings = await alternating_loop((direct, via_gateway), 2 * duration_s, seed)
+                    sends, names = [direct, via_gateway], ["grpc", "gateway"]
+                    if floor is not None:
+                        sends.append(via_floor)
+                        names.append("relay_floor")
+                    timings = await alternating_loop(sends, len(sends) * duration_s, seed)
                     side = {
-                        name: summarise(t, warmup, 2 * duration_s)
-                        for name, t in zip(("grpc", "gateway"), timings, strict=True)
+                        name: summarise(t, warmup, len(sends) * duration_s)
+                        for name, t in zip(names, timings, strict=True)
                     }
                 else:
                     side = await _in_turns(direct, via_gateway, n, duration_s, warmup, seed)
-                levels.append({"streams": n, **side, **_overhead(side["grpc"], side["gateway"])})
+                level = {"streams": n, **side, **_overhead(side["grpc"], side["gateway"])}
+                if "relay_floor" in side:
+                    level["floor_ttft_added_ms"] = _added(side["grpc"], side["relay_floor"])
+                    level["gateway_over_floor_ms"] = _added(side["relay_floor"], side["gateway"])
+                levels.append(level)
     finally:
+        if floor is not None:
+            floor.close()
         if isinstance(http, SsePool):
             http.close()
         else:
@@ -368,14 +387,17 @@ async def _in_turns(
     return side
 
 
-def _overhead(direct: dict[str, Any], gateway: dict[str, Any]) -> dict[str, Any]:
+def _added(base: dict[str, Any], other: dict[str, Any]) -> dict[str, float | None]:
+    """TTFT p50 and p99 of `other` minus `base`'s (ms)."""
+
     def added(q: str) -> float | None:
-        a, b = gateway["ttft_ms"][q], direct["ttft_ms"][q]
+        a, b = other["ttft_ms"][q], base["ttft_ms"][q]
         return None if a is None or b is None else round(a - b, 2)
 
+    return {"p50": added("p50"), "p99": added("p99")}
+
+
+def _overhead(direct: dict[str, Any], gateway: dict[str, Any]) -> dict[str, Any]:
     base = direct["output_tokens_per_s"]
     ratio = round(gateway["output_tokens_per_s"] / base, 3) if base else None
-    return {
-        "ttft_added_ms": {"p50": added("p50"), "p99": added("p99")},
-        "tokens_per_s_ratio": ratio,
-    }
+    return {"ttft_added_ms": _added(direct, gateway), "tokens_per_s_ratio": ratio}

@@ -1,6 +1,7 @@
 """`tiermesh bench --target openai` pieces against a real gateway and router: the open-loop run
-reports TTFT, ITL, TPOT and E2E per model, the overhead comparison reads both sides, and its
-lean SSE client keeps one connection alive and reports HTTP statuses."""
+reports TTFT, ITL, TPOT and E2E per model, the overhead comparison reads both sides (and a bare
+relay's, run in its own process, which relays the same answer), and its lean SSE client keeps
+one connection alive and reports HTTP statuses."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from services.bench.openai_target import gateway_overhead, run_openai
+from services.bench.relay_floor import relay_floor
 from services.bench.scenarios import build_scenario
 from services.bench.sse_client import HttpStatusError, SseConnection
 from tests.integration.gateway_mesh import GatewayMesh, module_gateway
@@ -54,6 +56,38 @@ def test_overhead_compares_gateway_and_router(gateway: GatewayMesh) -> None:
         assert level["tokens_per_s_ratio"] is not None
         assert level["ttft_added_ms"]["p50"] is not None
     assert overhead["http_client"].startswith("lean")
+
+
+async def _streamed_text(url: str, model: str) -> str:
+    connection = SseConnection(url)
+    body = {"model": model, "messages": MESSAGES, "stream": True, "max_tokens": 12}
+    chunks = [json.loads(d) async for d in connection.post_events("/chat/completions", body)
+              if d != "[DONE]"]  # fmt: skip
+    connection.close()
+    return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+
+
+def test_the_relay_floor_relays_the_same_answer_and_is_timed_beside_the_gateway(
+    gateway: GatewayMesh,
+) -> None:
+    assert gateway.mesh is not None
+    with relay_floor(gateway.mesh.address) as floor_url:
+        relayed = asyncio.run(_streamed_text(floor_url, "tiermesh-small"))
+        overhead = asyncio.run(
+            gateway_overhead(
+                f"{gateway.url}/v1", gateway.mesh.address, "tiermesh-small", 8, 30.0, 1.0, 0,
+                (1,), floor_url=floor_url,
+            )
+        )  # fmt: skip
+    assert relayed and relayed == asyncio.run(_streamed_text(f"{gateway.url}/v1", "tiermesh-small"))
+    level = overhead["levels"][0]
+    floor = level["relay_floor"]
+    assert floor["requests"]["completed"] >= 1 and floor["requests"]["errors"] == {}
+    assert floor["output_tokens_per_s"] > 0  # its usage chunk counted the tokens
+    for key in ("floor_ttft_added_ms", "gateway_over_floor_ms"):
+        assert level[key]["p50"] is not None
+    expected = round(level["gateway"]["ttft_ms"]["p50"] - floor["ttft_ms"]["p50"], 2)
+    assert level["gateway_over_floor_ms"]["p50"] == pytest.approx(expected, abs=0.011)
 
 
 def test_lean_sse_client_reuses_its_connection_and_reports_statuses(gateway: GatewayMesh) -> None:
