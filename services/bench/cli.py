@@ -51,6 +51,12 @@ def register(commands: Any) -> None:
         choices=("float32", "bfloat16"),
         help="weights' dtype (default: the folder's import dtype, else float32)",
     )
+    engine.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="timed bursts per level for our engine, after one untimed warm-up burst (>= 1)",
+    )
     engine.add_argument("--json", action="store_true", help="one JSON object as the last line")
     engine.set_defaults(func=cmd_engine)
 
@@ -65,6 +71,9 @@ def cmd_engine(args: argparse.Namespace) -> int:
     if not (model / "config.json").is_file():
         console.print(f"[red]bench engine:[/red] no model at {model} (run `make models`)")
         return 2
+    if args.rounds < 1:
+        console.print(f"[red]bench engine:[/red] --rounds must be >= 1, got {args.rounds}")
+        return 2
     with console.status("benchmarking…") as status:
         report = run_engine_bench(
             model,
@@ -73,6 +82,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
             with_transformers_batching=not args.no_transformers_batching,
             progress=lambda text: status.update(text),
             dtype=args.dtype,
+            rounds=args.rounds,
         )
     print_engine_report(report, console)
     if args.json:
