@@ -298,6 +298,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     tables = report_tables(report)
     print_tables(tables, console)
+    for warning in report.get("warnings", []):
+        console.print(f"[yellow]warning:[/yellow] {warning}")
     if args.out:
         written = write_report_files(args.out, report, records, tables)
         console.print(f"wrote {', '.join(str(p) for p in written)}")

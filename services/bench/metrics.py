@@ -136,3 +136,28 @@ def change_pct(value: float | None, base: float | None) -> float | None:
     if value is None or base is None or base == 0:
         return None
     return round((value - base) / base * 100, 1)
+
+
+# a configuration that failed or shed more than this share of its measured requests was past
+# its capacity at the offered rate: ratios against it compare with an overloaded system
+OVERLOAD_SHARE = 0.05
+
+
+def overload_warnings(configurations: Mapping[str, Any]) -> list[str]:
+    """One line per configuration that failed or shed over OVERLOAD_SHARE of its requests,
+    naming the statuses, since its latency, quality and cost describe only what it completed."""
+    lines = []
+    for name, config in configurations.items():
+        counts = config["requests"]
+        scheduled = counts["scheduled"]
+        lost = counts["failed"] + counts["shed"]
+        if scheduled and lost > OVERLOAD_SHARE * scheduled:
+            statuses = ", ".join(f"{k} {v}" for k, v in sorted(counts["errors"].items()))
+            shed = f", shed {counts['shed']}" if counts["shed"] else ""
+            lines.append(
+                f"{name}: {lost} of {scheduled} requests not answered ({statuses}{shed}): past "
+                "its capacity at this rate, so its latency, quality and cost cover only what it "
+                "completed and ratios against it compare with an overloaded system; lower --rate "
+                "for a like-for-like comparison"
+            )
+    return lines

@@ -245,5 +245,6 @@ def context_lines(report: Mapping[str, Any]) -> list[str]:
         "(services/bench/prices.toml)",
         "latency is client-side, over requests that arrived after the warm-up; for progressive "
         "TTFT is the first draft's and `final` the final revision's",
+        *(f"**warning**: {warning}" for warning in report.get("warnings", [])),
     ]
     return lines

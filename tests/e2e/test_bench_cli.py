@@ -46,6 +46,13 @@ def test_json_contract(bench_run) -> None:
         assert set(report["ratios"][name]) >= {"simple_p99_ttft", "throughput", "cost", "quality"}
     assert report["scenario"]["name"] == "long-tail" and report["scenario"]["seed"] == 11
     assert report["mesh"]["started_by_bench"] is True
+    # a configuration that lost over 5% of its requests is named in the warnings, no other
+    overloaded = {
+        name
+        for name, c in report["configurations"].items()
+        if c["requests"]["failed"] + c["requests"]["shed"] > 0.05 * c["requests"]["scheduled"]
+    }
+    assert {warning.split(": ")[0] for warning in report["warnings"]} == overloaded
     for name, config in report["configurations"].items():
         requests = config["requests"]
         assert requests["completed"] > 0, name
