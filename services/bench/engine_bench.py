@@ -12,10 +12,12 @@ given. Knows torch and the engine; nothing of gRPC.
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,6 +27,7 @@ import torch
 from services.common.config import TierConfig
 from services.common.percentiles import percentile
 from services.tier.engine import GenerationRequest
+from services.tier.linear_kernels import LINEAR_LAYOUT_ENV
 from services.tier.model_loading import LoadedModel, imported_dtype, load_causal_lm
 from services.tier.tokenizer_loading import encode_prompt, render_prompt
 from services.tier.torch_engine import TorchEngine
@@ -274,6 +277,21 @@ def _in_own_thread(function: Callable[..., T], *args: Any) -> T:
         return thread.submit(function, *args).result()
 
 
+@contextmanager
+def _same_layout(rows: list[LevelResult]) -> Iterator[None]:
+    """Every level after the first runs the linear layout the first one measured (each level
+    starts its own engine, which would time the layouts again and could pick the other)."""
+    first = next((r.linear_layout for r in rows if r.linear_layout), "")
+    if not first or LINEAR_LAYOUT_ENV in os.environ:
+        yield
+        return
+    os.environ[LINEAR_LAYOUT_ENV] = first.split(" ")[0]  # "input-major (measured)"
+    try:
+        yield
+    finally:
+        del os.environ[LINEAR_LAYOUT_ENV]
+
+
 def run_engine_bench(
     model: Path,
     levels: list[int],
@@ -294,7 +312,8 @@ def run_engine_bench(
     for level in levels:
         if progress:
             progress(f"{level} streams: tiermesh engine")
-        rows.append(asyncio.run(run_ours(model, level, max_tokens, prompts, dtype, rounds)))
+        with _same_layout(rows):
+            rows.append(asyncio.run(run_ours(model, level, max_tokens, prompts, dtype, rounds)))
         if progress:
             progress(f"{level} streams: sequential generate")
         rows.append(_in_own_thread(run_generate, loaded, level, max_tokens, prompts))

@@ -30,6 +30,7 @@ from services.bench.hybrid_bench import (
 from services.bench.loadgen import CONFIGURATIONS, LoadCounters, RequestRecord, configuration
 from services.bench.openai_cli import run_openai_bench
 from services.bench.options import concurrency_levels
+from services.bench.relay_floor import RelayFloorError
 from services.bench.report import (
     context_lines,
     markdown_report,
@@ -281,6 +282,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         scenario = bench_scenario(args)
         if args.target == "openai":
             return run_openai_bench(args, scenario, console)
+        if getattr(args, "relay_floor", False):
+            raise ValueError("--relay-floor is for --target openai --router ADDR")
         prices = load_prices(args.prices)
         load = LoadOptions(args.max_tokens, args.timeout, args.max_in_flight)
         live = LiveProgress(console)
@@ -293,7 +296,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 report["sweep"] = asyncio.run(
                     run_sweep(target, levels, args.sweep, ["single", "hybrid"], load, live.tick)
                 )
-    except (BenchError, ConfigError, ValueError) as e:
+    except (BenchError, ConfigError, ValueError, RelayFloorError) as e:
         console.print(f"[red]tiermesh bench:[/red] {e}")
         return 2
     tables = report_tables(report)

@@ -152,10 +152,11 @@ def overload_warnings(configurations: Mapping[str, Any]) -> list[str]:
         scheduled = counts["scheduled"]
         lost = counts["failed"] + counts["shed"]
         if scheduled and lost > OVERLOAD_SHARE * scheduled:
-            statuses = ", ".join(f"{k} {v}" for k, v in sorted(counts["errors"].items()))
-            shed = f", shed {counts['shed']}" if counts["shed"] else ""
+            parts = [f"{k} {v}" for k, v in sorted(counts["errors"].items())]
+            if counts["shed"]:
+                parts.append(f"shed {counts['shed']}")
             lines.append(
-                f"{name}: {lost} of {scheduled} requests not answered ({statuses}{shed}): past "
+                f"{name}: {lost} of {scheduled} requests not answered ({', '.join(parts)}): past "
                 "its capacity at this rate, so its latency, quality and cost cover only what it "
                 "completed and ratios against it compare with an overloaded system; lower --rate "
                 "for a like-for-like comparison"

@@ -32,6 +32,8 @@ def openai_models(args: argparse.Namespace) -> list[str]:
 def run_openai_bench(args: argparse.Namespace, scenario: Scenario, console: Console) -> int:
     if not args.url:
         raise ValueError("--target openai needs --url (the base URL ending in /v1)")
+    if args.relay_floor and not args.router:
+        raise ValueError("--relay-floor needs --router (the router the gateway calls)")
     url = args.url.rstrip("/")
     models = openai_models(args)
     with console.status(f"open loop against {url}: {', '.join(models)}"):
@@ -49,8 +51,6 @@ def run_openai_bench(args: argparse.Namespace, scenario: Scenario, console: Cons
                     args.duration or OVERHEAD_S, args.seed, floor_url=floor_url,
                 )
             )  # fmt: skip
-    elif args.relay_floor:
-        raise ValueError("--relay-floor needs --router (the router the gateway calls)")
     console.print(latency_table(report))
     if "gateway_overhead" in report:
         console.print(overhead_table(report["gateway_overhead"]))

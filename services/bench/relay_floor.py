@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import select
 import socket
 import subprocess
 import sys
@@ -63,8 +64,13 @@ class RelayApp:
             await send({"type": "lifespan.shutdown.complete"})
             return
         assert self._stub is not None
-        message = await receive()
-        body = json.loads(message.get("body", b"{}"))
+        pieces = []
+        while True:
+            message = await receive()
+            pieces.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = json.loads(b"".join(pieces) or b"{}")
         await send({"type": "http.response.start", "status": 200, "headers": SSE})
         async for event in self._stub.Chat(_chat_request(body)):
             if event.HasField("delta"):
@@ -99,9 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+class RelayFloorError(Exception):
+    """The relay process did not start (or did not say where it listens) in time."""
+
+
 @contextmanager
-def relay_floor(router: str) -> Iterator[str]:
-    """Runs the relay in its own process against `router`; yields its base URL (…/v1)."""
+def relay_floor(router: str, start_timeout_s: float = 30.0) -> Iterator[str]:
+    """Runs the relay in its own process against `router`; yields its base URL (…/v1). The
+    process is stopped on leaving (killed if SIGTERM does not end it within 10 s)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "services.bench.relay_floor", "--router", router],
         stdout=subprocess.PIPE,
@@ -109,13 +120,21 @@ def relay_floor(router: str) -> Iterator[str]:
     )
     try:
         assert process.stdout is not None
-        line = process.stdout.readline().strip()
+        ready, _, _ = select.select([process.stdout], [], [], start_timeout_s)
+        line = process.stdout.readline().strip() if ready else ""
         if not line.startswith("relay floor on "):
-            raise RuntimeError(f"the relay floor did not start (exit {process.poll()})")
+            raise RelayFloorError(
+                f"the relay floor did not start within {start_timeout_s:g} s "
+                f"(exit status {process.poll()})"
+            )
         yield line.removeprefix("relay floor on ")
     finally:
         process.terminate()
-        process.wait(timeout=10)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
         if process.stdout is not None:
             process.stdout.close()
 

@@ -35,6 +35,7 @@ class PrefillBatch:
     positions: torch.Tensor  # (1, N) each token's position within its own prompt
     segments: list[tuple[int, int]]  # per prompt: [start, end) within the N positions
     last: torch.Tensor  # (B,) the index of each prompt's last token within the N positions
+    slot_index: torch.Tensor | None = None  # (B,) the slots as a tensor, for one write to all
 
     @property
     def size(self) -> int:
@@ -132,6 +133,7 @@ class KvCachePool:
             positions=torch.tensor([positions], dtype=torch.long, device=device),  # (1, N)
             segments=segments,
             last=torch.tensor([end - 1 for _, end in segments], device=device),  # (B,)
+            slot_index=torch.tensor(slots, dtype=torch.long, device=device),  # (B,)
         )
 
     def store_prompt(
@@ -150,7 +152,9 @@ class KvCachePool:
         T with zeros, at positions [0, T) of their slots, in one write each: a slot's positions
         past its prompt hold zeros until its own decode steps write them."""
         steps = keys.shape[2]
-        index = torch.tensor(batch.slots, dtype=torch.long, device=self.device)
+        index = batch.slot_index
+        if index is None:
+            index = torch.tensor(batch.slots, dtype=torch.long, device=self.device)
         self.keys[layer, index, :, :steps] = keys
         self.values[layer, index, :, :steps] = values
 

@@ -151,17 +151,27 @@ def asked_layout() -> str:
     return value
 
 
+# the timed matrix keeps the layer's input width and at most this many weights (16 MiB in
+# float32), so timing a large model's layer costs milliseconds and no large temporaries
+TIMED_MAX_WEIGHTS = 1 << 22
+
+
 def choose_layout(weight: torch.Tensor, shape: tuple[int, int]) -> LayoutChoice:
     """The layout for a model whose parameters are like `weight` (device, dtype) and whose
     widest linear layer is `shape` (out, in): input-major where packing is not available,
     TIERMESH_LINEAR_LAYOUT's where it is set, else the one measured faster here."""
+    asked = asked_layout()  # checked everywhere, so a typo is an error on every host
     if not can_pack(weight.device, weight.dtype):
-        return LayoutChoice(INPUT_MAJOR, f"no oneDNN packing for {weight.device.type}")
-    asked = asked_layout()
+        why = (
+            f"no oneDNN packing for {weight.device.type} {str(weight.dtype).removeprefix('torch.')}"
+        )
+        return LayoutChoice(INPUT_MAJOR, why)
     if asked != "auto":
         return LayoutChoice(asked, LINEAR_LAYOUT_ENV)
+    out_features, in_features = shape
+    out_features = max(1, min(out_features, TIMED_MAX_WEIGHTS // max(1, in_features)))
     try:
-        timings = time_layouts(*shape, weight.dtype)
+        timings = time_layouts(out_features, in_features, weight.dtype)
     except (RuntimeError, AttributeError) as e:
         log.warning("timing the linear layouts failed (%s): keeping them input-major", e)
         return LayoutChoice(INPUT_MAJOR, "packing failed")
@@ -190,6 +200,7 @@ class LinearMaker:
             if layer is not None:
                 return layer
             self.pack = False  # said once, in the warning: the rest stay plain too
+            self.choice = LayoutChoice(INPUT_MAJOR, "packing failed its check")
         return PlainLinear(self.input_major(weight).t(), bias)
 
     def input_major(self, weight: torch.Tensor) -> torch.Tensor:

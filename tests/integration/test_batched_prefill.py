@@ -89,6 +89,7 @@ def test_packed_prefill_equals_one_prompt_at_a_time(
     assert together.lengths == alone_pool.lengths == [len(p) for p in prompts]
     # padding reaches the pool as zeros, past each prompt's own length
     torch.testing.assert_close(together.keys, alone_pool.keys, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(together.values, alone_pool.values, rtol=1e-4, atol=1e-4)
     assert _greedy(loaded.model, passes, together, batched, 12) == _greedy(
         loaded.model, passes, alone_pool, alone, 12
     )

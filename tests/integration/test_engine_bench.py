@@ -4,22 +4,27 @@ batched engine's greedy outputs equal sequential generate's. (Speed is for the b
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from services.tier.linear_kernels import LINEAR_LAYOUT_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench_engine(args: list[str]) -> tuple[dict[str, Any], str]:
     """`tiermesh bench engine --json ARGS` in its own process: (the JSON report, stderr)."""
+    env = {k: v for k, v in os.environ.items() if k != LINEAR_LAYOUT_ENV}  # measured layout
     run = subprocess.run(
         [sys.executable, "-m", "services.cli", "bench", "engine", "--json", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
+        env=env,
     )
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout.strip().splitlines()[-1]), run.stderr

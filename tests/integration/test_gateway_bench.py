@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -118,3 +120,16 @@ def test_lean_sse_client_reuses_its_connection_and_reports_statuses(gateway: Gat
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert len(sockets) == 1  # one keep-alive connection served the three answers
     assert status == 400
+
+
+def test_relay_floor_without_a_router_is_refused_before_any_load() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "services.cli", "bench", "--target", "openai"]
+        + ["--url", "http://127.0.0.1:9/v1", "--model", "tiermesh-small", "--relay-floor"],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2
+    assert "--relay-floor needs --router" in run.stdout + run.stderr

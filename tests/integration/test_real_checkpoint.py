@@ -128,7 +128,7 @@ def test_engine_bench_reports_the_same_fields_as_for_gpt2(
 ) -> None:
     from services.bench.engine_bench import run_engine_bench
 
-    options = {"levels": [1, 2], "max_tokens": 3, "with_transformers_batching": False}
+    options = {"levels": [1, 2], "max_tokens": 3, "with_transformers_batching": False, "rounds": 1}
     real = run_engine_bench(smollm2_dir, **options)  # type: ignore[arg-type]
     tiny = run_engine_bench(tiny_model_dir, **options)  # type: ignore[arg-type]
     assert set(real) == set(tiny) and set(real["bandwidth"]) == set(tiny["bandwidth"])

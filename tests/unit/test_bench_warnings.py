@@ -34,6 +34,11 @@ def test_an_overloaded_baseline_is_named_with_its_statuses() -> None:
     assert warnings[1].startswith("progressive: 60 of 1000") and "shed 40" in warnings[1]
 
 
+def test_a_configuration_that_only_shed_is_named_with_its_sheds() -> None:
+    warnings = overload_warnings({"hybrid": _config(100, 0, 10, {})})
+    assert warnings[0].startswith("hybrid: 10 of 100 requests not answered (shed 10): past")
+
+
 def test_no_warning_at_exactly_five_percent_or_with_nothing_scheduled() -> None:
     configurations = {
         "single": _config(100, 5, 0, {"RESOURCE_EXHAUSTED": 5}),

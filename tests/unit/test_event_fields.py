@@ -23,9 +23,11 @@ def test_usage_and_timings_read_directly_equal_message_to_dict() -> None:
         prompt_tokens=12, completion_tokens=30, queue_ms=0.25, ttft_ms=3.5, total_ms=40.0
     )
     timings = router_pb2.Timings(route_ms=0.3, ttft_ms=8.0, time_to_final_ms=200.125)
-    for message in (usage, timings, common_pb2.Usage(), router_pb2.Timings()):
+    partly = common_pb2.Usage(completion_tokens=3, total_ms=9.5)  # set fields come first
+    for message in (usage, timings, partly, common_pb2.Usage(), router_pb2.Timings()):
         got, expected = _fields(message), _reference(message)
         assert got == expected
+        assert list(got.items()) == list(expected.items())  # the same order (JSON output)
         assert [type(v) for v in got.values()] == [type(v) for v in expected.values()]
 
 

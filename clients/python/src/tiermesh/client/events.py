@@ -131,9 +131,10 @@ def _fields(message: Any) -> dict[str, Any]:
         names = tuple(f.name for f in descriptor.fields) if plain else None
         _PLAIN_FIELDS[descriptor] = names
     if names is not None:
-        values = {name: getattr(message, name) for name in names}
-        if all(math.isfinite(v) for v in values.values() if isinstance(v, float)):
-            return values
+        values = [(name, getattr(message, name)) for name in names]
+        if all(math.isfinite(v) for _, v in values if isinstance(v, float)):
+            # MessageToDict's order: the fields set (not at their default), then the rest
+            return {n: v for n, v in values if v} | {n: v for n, v in values if not v}
     return MessageToDict(
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
