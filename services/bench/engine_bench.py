@@ -27,7 +27,7 @@ import torch
 from services.common.config import TierConfig
 from services.common.percentiles import percentile
 from services.tier.engine import GenerationRequest
-from services.tier.linear_kernels import LINEAR_LAYOUT_ENV
+from services.tier.linear_kernels import LINEAR_LAYOUT_ENV, LayoutChoice
 from services.tier.model_loading import LoadedModel, imported_dtype, load_causal_lm
 from services.tier.tokenizer_loading import encode_prompt, render_prompt
 from services.tier.torch_engine import TorchEngine
@@ -55,7 +55,7 @@ class LevelResult:
     ttft_ms_p99: float
     tpot_ms: float  # mean time per output token after the first, per stream
     outputs: list[list[int]] | None = None  # generated ids per stream, sorted (not reported)
-    linear_layout: str = ""  # the engine's linear-layer layout (not reported per row)
+    linear_layout: LayoutChoice | None = None  # the engine's (not reported per row)
 
 
 def _level(
@@ -281,11 +281,11 @@ def _in_own_thread(function: Callable[..., T], *args: Any) -> T:
 def _same_layout(rows: list[LevelResult]) -> Iterator[None]:
     """Every level after the first runs the linear layout the first one measured (each level
     starts its own engine, which would time the layouts again and could pick the other)."""
-    first = next((r.linear_layout for r in rows if r.linear_layout), "")
-    if not first or LINEAR_LAYOUT_ENV in os.environ:
+    first = next((r.linear_layout for r in rows if r.linear_layout), None)
+    if first is None or LINEAR_LAYOUT_ENV in os.environ:
         yield
         return
-    os.environ[LINEAR_LAYOUT_ENV] = first.split(" ")[0]  # "input-major (measured)"
+    os.environ[LINEAR_LAYOUT_ENV] = first.layout
     try:
         yield
     finally:
@@ -333,7 +333,7 @@ def run_engine_bench(
         "dtype": dtype,
         "max_tokens": max_tokens,
         "torch_threads": torch.get_num_threads(),
-        "linear_layout": ours1.linear_layout if ours1 else "",
+        "linear_layout": ours1.linear_layout.label if ours1 and ours1.linear_layout else "",
         "rounds": rounds,
         "levels": levels,
         "rows": [_row(r, by.get(("hf_generate", r.concurrency))) for r in rows],

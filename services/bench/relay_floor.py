@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import select
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +23,8 @@ from typing import Any
 
 import grpc
 from tiermesh.v1 import common_pb2, router_pb2, router_pb2_grpc
+
+from services.common.http_listener import tcp_listener
 
 MODES = {"routed": router_pb2.MODE_ROUTED, "progressive": router_pb2.MODE_PROGRESSIVE}
 SSE = [(b"content-type", b"text/event-stream")]
@@ -92,11 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--router", required=True, help="router address, plaintext")
     parser.add_argument("--port", type=int, default=0, help="0: any free port (printed)")
     args = parser.parse_args(argv)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as the gateway's listener
-    sock.bind(("127.0.0.1", args.port))
-    sock.listen(2048)
-    sock.setblocking(False)
+    sock = tcp_listener("127.0.0.1", args.port)  # as the gateway's
     print(f"relay floor on http://127.0.0.1:{sock.getsockname()[1]}/v1", flush=True)
     config = uvicorn.Config(
         RelayApp(args.router), http="httptools", log_level="warning", access_log=False

@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import logging
 import signal
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from services.common.config import GatewayConfig, load_config
 from services.common.errors import TiermeshError
 from services.common.grpc_service import configure_logging
 from services.common.heap import freeze_heap
+from services.common.http_listener import tcp_listener
 from services.common.parent_watch import stop_with_parent
 from services.common.telemetry import setup_telemetry
 from services.gateway.app import create_app
@@ -47,23 +47,6 @@ class RunningGateway:
         await self.task
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only when the
-    # listening socket says TCP; without it small SSE writes wait on Nagle's algorithm (~40 ms)
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {e}") from None
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
-
-
 def _uvicorn_config(config: GatewayConfig) -> uvicorn.Config:
     return uvicorn.Config(
         create_app(config),
@@ -76,7 +59,7 @@ def _uvicorn_config(config: GatewayConfig) -> uvicorn.Config:
 
 async def start_gateway(config: GatewayConfig) -> RunningGateway:
     """Starts the gateway in this event loop; port 0 binds any free port."""
-    sock = _bind(config.host, config.port)
+    sock = tcp_listener(config.host, config.port)
     server = uvicorn.Server(_uvicorn_config(config))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
@@ -89,7 +72,7 @@ async def start_gateway(config: GatewayConfig) -> RunningGateway:
 
 async def _serve(config: GatewayConfig) -> None:
     telemetry = setup_telemetry("gateway")
-    sock = _bind(config.host, config.port)
+    sock = tcp_listener(config.host, config.port)
     log.info("gateway on http://%s:%d, router %s", config.host, config.port, config.router)
     server = uvicorn.Server(_uvicorn_config(config))
     freeze_heap()  # imports and the app out of the collector's reach (services/common/heap.py)

@@ -35,7 +35,7 @@ class PrefillBatch:
     positions: torch.Tensor  # (1, N) each token's position within its own prompt
     segments: list[tuple[int, int]]  # per prompt: [start, end) within the N positions
     last: torch.Tensor  # (B,) the index of each prompt's last token within the N positions
-    slot_index: torch.Tensor | None = None  # (B,) the slots as a tensor, for one write to all
+    slot_index: torch.Tensor  # (B,) the slots as a tensor, for one write to all of them
 
     @property
     def size(self) -> int:
@@ -152,11 +152,8 @@ class KvCachePool:
         T with zeros, at positions [0, T) of their slots, in one write each: a slot's positions
         past its prompt hold zeros until its own decode steps write them."""
         steps = keys.shape[2]
-        index = batch.slot_index
-        if index is None:
-            index = torch.tensor(batch.slots, dtype=torch.long, device=self.device)
-        self.keys[layer, index, :, :steps] = keys
-        self.values[layer, index, :, :steps] = values
+        self.keys[layer, batch.slot_index, :, :steps] = keys
+        self.values[layer, batch.slot_index, :, :steps] = values
 
     def finish_prompts(self, batch: PrefillBatch) -> None:
         for slot, (start, end) in zip(batch.slots, batch.segments, strict=True):

@@ -139,6 +139,11 @@ class LayoutChoice:
     why: str  # "measured", "TIERMESH_LINEAR_LAYOUT", or why packing is not there
     timings_us: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def label(self) -> str:
+        """`layout (why)`, e.g. "input-major (measured)" (what `bench engine` reports)."""
+        return f"{self.layout} ({self.why})"
+
 
 def asked_layout() -> str:
     """TIERMESH_LINEAR_LAYOUT: `auto` (the default: the faster of the two, timed at start-up),
@@ -179,19 +184,21 @@ def choose_layout(weight: torch.Tensor, shape: tuple[int, int]) -> LayoutChoice:
 
 
 class LinearMaker:
-    """Makes a model's linear layers: packed while packing works (when asked to pack), else
-    plain input-major."""
+    """Makes a model's linear layers in the layout of its `choice`: packed while packing works,
+    else plain input-major."""
 
-    def __init__(self, pack: bool, choice: LayoutChoice | None = None) -> None:
-        self.pack = pack
+    def __init__(self, choice: LayoutChoice) -> None:
         self.choice = choice
 
     @classmethod
     def for_model(cls, weight: torch.Tensor, shape: tuple[int, int]) -> LinearMaker:
         """The layout `choose_layout` picks for a model like `weight` whose widest linear
         layer is `shape` (out, in)."""
-        choice = choose_layout(weight, shape)
-        return cls(choice.layout == PACKED, choice)
+        return cls(choose_layout(weight, shape))
+
+    @property
+    def pack(self) -> bool:
+        return self.choice.layout == PACKED
 
     def linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
         """The layer y = x `weight`^T + `bias`, `weight` (out, in) (copied, not kept)."""
@@ -199,7 +206,7 @@ class LinearMaker:
             layer = packed(weight, bias)
             if layer is not None:
                 return layer
-            self.pack = False  # said once, in the warning: the rest stay plain too
+            # said once, in the warning: the rest stay plain too
             self.choice = LayoutChoice(INPUT_MAJOR, "packing failed its check")
         return PlainLinear(self.input_major(weight).t(), bias)
 
@@ -214,13 +221,10 @@ class LinearMaker:
 
     @property
     def kind(self) -> str:
+        """The layout and why, for the log: with the times when it was measured."""
         kind = "packed by oneDNN" if self.pack else "input-major (F.linear)"
-        if self.choice is not None and self.choice.timings_us:
-            times = ", ".join(f"{k} {us:.0f} us" for k, us in self.choice.timings_us.items())
-            kind += f" (measured: {times})"
-        elif self.choice is not None and self.choice.why != "measured":
-            kind += f" ({self.choice.why})"
-        return kind
+        times = ", ".join(f"{k} {us:.0f} us" for k, us in self.choice.timings_us.items())
+        return f"{kind} ({self.choice.why}{': ' + times if times else ''})"
 
 
 def release(module: Any) -> None:

@@ -108,7 +108,6 @@ def prepare(model: Any) -> None:
     linear_kernels.own_memory(model, moving)
     model.tiermesh_layers = [_layer(block, kernels) for block in llama.layers]
     model.tiermesh_final_norm = (llama.norm.weight, llama.norm.variance_epsilon)
-    model.tiermesh_linear_layout = kernels.choice
     head_note = ""
     if shared:
         matrix = kernels.input_major(head.weight)  # the lookup reads a column
@@ -124,6 +123,7 @@ def prepare(model: Any) -> None:
             model.tiermesh_extra_bytes = extra
             form = "packed" if kernels.pack else "input-major"  # packing may fail on the head
             head_note = f", the head {form} apart from the embeddings (+{extra / 2**20:.0f} MiB)"
+    model.tiermesh_linear_layout = kernels.choice  # after the head: packing may fail there
     log.info(
         "%s: %d linear layers %s%s",
         type(model).__name__,

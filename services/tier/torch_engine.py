@@ -31,6 +31,7 @@ from services.tier.decode import decode_tokens
 from services.tier.engine import GenerationChunk
 from services.tier.engine_lifecycle import EngineLifecycle, ModelFootprint
 from services.tier.kv_pool import KvCachePool, PoolFull
+from services.tier.linear_kernels import LayoutChoice
 from services.tier.model_fingerprint import folder_fingerprint
 from services.tier.model_loading import LoadedModel, load_causal_lm
 from services.tier.pooled_models import layout_extra_bytes, pooled_passes
@@ -64,12 +65,11 @@ class TorchEngine(EngineLifecycle):
         return self._scheduler is not None
 
     @property
-    def linear_layout(self) -> str:
-        """How the batching passes lay out the linear layers ("packed" or "input-major", with
-        why), "" before start or without batching."""
+    def linear_layout(self) -> LayoutChoice | None:
+        """How the batching passes lay out the linear layers, None before start or without
+        batching."""
         model = self._loaded.model if self._loaded is not None else None
-        choice = getattr(model, "tiermesh_linear_layout", None)
-        return "" if choice is None else f"{choice.layout} ({choice.why})"
+        return getattr(model, "tiermesh_linear_layout", None)
 
     def _fingerprint_model(self) -> str:
         return folder_fingerprint(self._config.model_path)

@@ -140,7 +140,7 @@ def test_gpt2_blocks_get_packed_layers_that_compute_what_conv1d_did(
 def test_plain_kernels_are_input_major_on_huge_pages() -> None:
     weight = torch.randn(1536, 576, generator=torch.Generator().manual_seed(2))
     bias = torch.randn(1536, generator=torch.Generator().manual_seed(3))
-    kernels = linear_kernels.LinearMaker(pack=False)
+    kernels = linear_kernels.LinearMaker(linear_kernels.LayoutChoice("input-major", "asked"))
     layer = kernels.linear(weight, bias)
     assert isinstance(layer, linear_kernels.PlainLinear)
     assert layer.weight.t().is_contiguous()  # (in, out) storage

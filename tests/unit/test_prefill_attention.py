@@ -23,6 +23,7 @@ def _batch(lengths: list[int]) -> PrefillBatch:
         positions=torch.tensor([positions]),
         segments=segments,
         last=torch.tensor([end - 1 for _, end in segments]),
+        slot_index=torch.arange(len(lengths)),
     )
 
 

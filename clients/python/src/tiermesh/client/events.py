@@ -7,6 +7,7 @@ then exactly one FinalEvent, unless the chat ends with an error (ChatError). `ev
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,23 +114,22 @@ _PLAIN_TYPES = frozenset(
         FieldDescriptor.TYPE_STRING,
     }
 )
-# message type -> its field names when every field is plain and singular, else None
-_PLAIN_FIELDS: dict[Any, tuple[str, ...] | None] = {}
+
+
+@functools.cache
+def _plain_names(descriptor: Any) -> tuple[str, ...] | None:
+    """A message type's field names when every field is plain and singular, else None."""
+    fields = descriptor.fields
+    if all(f.type in _PLAIN_TYPES and not _repeated(f) and not f.has_presence for f in fields):
+        return tuple(f.name for f in fields)
+    return None
 
 
 def _fields(message: Any) -> dict[str, Any]:
     """MessageToDict's dict of `message` (field names as in the proto, every field present).
     Messages of plain singular fields (Usage, Timings) are read directly, ten times faster;
     anything else, or a double that is not finite, goes through MessageToDict."""
-    descriptor = message.DESCRIPTOR
-    names = _PLAIN_FIELDS.get(descriptor, ())
-    if names == ():
-        plain = all(
-            f.type in _PLAIN_TYPES and not _repeated(f) and not f.has_presence
-            for f in descriptor.fields
-        )
-        names = tuple(f.name for f in descriptor.fields) if plain else None
-        _PLAIN_FIELDS[descriptor] = names
+    names = _plain_names(message.DESCRIPTOR)
     if names is not None:
         values = [(name, getattr(message, name)) for name in names]
         if all(math.isfinite(v) for _, v in values if isinstance(v, float)):
