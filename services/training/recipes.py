@@ -35,8 +35,8 @@ class TierRecipe:
     augment: bool = True
 
 
-# Budgets (steps; minutes on a quiet 2-core machine with native bf16): small 2,000 (~7), medium
-# 1,100 (~8), large 1,800 (~35); `tiermesh models train` takes about 51 minutes. The larger tiers
+# Budgets (steps; minutes on a quiet 2-core machine with native bf16): small 2,000 (~7-9), medium
+# 1,100 (~8-11), large 1,800 (~35-49); `tiermesh models train` takes 51-69 minutes. The larger tiers
 # get the longer budgets, as real small models are weaker for both reasons: at equal CPU time the
 # smaller model takes ~3x the steps and wins, so the budget is part of what makes a tier a tier.
 # And the larger tiers do not start from scratch: the medium starts from the trained small made
@@ -47,7 +47,8 @@ class TierRecipe:
 # grown from it: half its steps are complex orders and drills, 30% simple requests (its job, in
 # every wording the rewording makes: 600 steps, more than the 540 of a 1,200-step run at 45%).
 # Given only a quarter of 1,200 steps for arithmetic, the small passed on so little that the
-# large grown through the medium ended at 23% on complex orders; with half of 2,000, at 76%.
+# large grown through the medium ended at 23% on complex orders; with half of 2,000, at 76%
+# (99% once the working wrote each sum's carries before its result).
 # The medium spends more on medium requests and complex orders. The large inherits simple and
 # medium requests from the medium and spends about two steps in three on complex orders, the
 # class only it is meant to get right, and one in five on medium requests, whose held-out

@@ -3,9 +3,10 @@
 simple: an FAQ question (one of a fixed set of paraphrases) or the price of a popular product.
 medium: the cost of a quantity of any catalogue product (one recalled price, one product).
 complex: an order of 2-4 catalogue products, maybe a coupon, and shipping, with the working
-written out as a receipt (one line per product carrying the running total, fixed-width amounts)
-and a final "Answer:" line. Each step is learnable; what separates the tiers is holding the
-whole catalogue and getting every one of 4-7 chained steps right.
+written out as a receipt (one line per product carrying the running total, fixed-width amounts,
+each sum's carries written before its result) and a final "Answer:" line. Each step is
+learnable; what separates the tiers is holding the whole catalogue and getting every one of 4-7
+chained steps right.
 
 Knows the shop (store.py) and the answer format; knows nothing of files, tokenizers or models.
 """
@@ -144,6 +145,26 @@ def _amount(dollars: int) -> str:
     return f"${dollars:0{AMOUNT_DIGITS}d}"
 
 
+def carries(a: int, b: int, subtract: bool = False) -> str:
+    """The carries of a + b (the borrows of a - b) out of each column but the highest, units
+    first, in brackets: `[01]` for $097 + $012 (7 + 2 carries nothing, 9 + 1 carries one).
+
+    Written before the result, they leave no digit of it depending on columns to its right:
+    each result digit is its own column plus the carry into it, already on the line."""
+    out, carry = [], 0
+    for column in range(AMOUNT_DIGITS - 1):
+        x, y = (a // 10**column) % 10, (b // 10**column) % 10
+        carry = int(x - y - carry < 0) if subtract else int(x + y + carry >= 10)
+        out.append(str(carry))
+    return "[" + "".join(out) + "]"
+
+
+def _sum(a: int, b: int, sign: Literal["+", "-"]) -> str:
+    """One step of the working: `$097 + $012 [01] = $109` (fixed-width amounts, carries first)."""
+    result = a + b if sign == "+" else a - b
+    return f"{_amount(a)} {sign} {_amount(b)} {carries(a, b, sign == '-')} = {_amount(result)}"
+
+
 def _complex_lines(rng: random.Random, store: Store) -> list[tuple[int, Product]]:
     """2-4 distinct products with quantities 1-3, redrawn until the subtotal fits the width."""
     while True:
@@ -166,22 +187,16 @@ def _complex(rng: random.Random, store: Store) -> tuple[str, str, str]:
     running = 0
     for qty, p in lines:
         amount = qty * p.price
-        line = f"{p.name}: {qty} x {_amount(p.price)} = {_amount(amount)}, total "
-        if running:
-            line += f"{_amount(running)} + {_amount(amount)} = "
+        total = _sum(running, amount, "+") if running else _amount(amount)
+        work.append(f"{p.name}: {qty} x {_amount(p.price)} = {_amount(amount)}, total {total}")
         running += amount
-        work.append(line + _amount(running))
     if code is not None:
         off = min(COUPONS[code], running)
-        work.append(
-            f"coupon {code}: {_amount(running)} - {_amount(off)} = {_amount(running - off)}"
-        )
+        work.append(f"coupon {code}: {_sum(running, off, '-')}")
         running -= off
     fee = 0 if running >= FREE_SHIPPING_FROM else SHIPPING_FEE
     rule = "free" if fee == 0 else f"under ${FREE_SHIPPING_FROM}"
-    work.append(
-        f"shipping ({rule}): {_amount(running)} + {_amount(fee)} = {_amount(running + fee)}"
-    )
+    work.append(f"shipping ({rule}): {_sum(running, fee, '+')}")
     running += fee
     work.append(f"{ANSWER_PREFIX}${running}")
     return prompt, "\n".join(work), f"${running}"
@@ -201,10 +216,10 @@ def arithmetic_drill(rng: random.Random) -> tuple[str, str]:
     prompt = f"Add up {listed}" + (f", then take off {_amount(off)}." if off else ".")
     work, running = [], amounts[0]
     for amount in amounts[1:]:
-        work.append(f"{_amount(running)} + {_amount(amount)} = {_amount(running + amount)}")
+        work.append(_sum(running, amount, "+"))
         running += amount
     if off:
-        work.append(f"{_amount(running)} - {_amount(off)} = {_amount(running - off)}")
+        work.append(_sum(running, off, "-"))
         running -= off
     work.append(f"{ANSWER_PREFIX}${running}")
     return prompt, "\n".join(work)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 from collections import Counter
 from dataclasses import replace
@@ -19,6 +20,7 @@ from services.workload import (
     load_split,
     score,
 )
+from services.workload.generator import arithmetic_drill
 from services.workload.store import POLICIES
 
 
@@ -82,6 +84,32 @@ def test_return_policy_question_and_lookups_use_popular_items() -> None:
     assert simple and all(any(name in i.prompt for name in popular) for i in simple)
 
 
+def _checked_sums(working: str) -> int:
+    """Asserts every `$a +/- $b [carries] = $c` of a working and returns how many there were."""
+    found = re.findall(r"\$(\d+) ([+-]) \$(\d+) \[(\d+)\] = \$(\d+)", working)
+    for left, op, right, carried, result in found:
+        assert len(left) == len(right) == len(result) == 3, working  # fixed width
+        a, b, c = int(left), int(right), int(result)
+        assert c == (a + b if op == "+" else a - b), working
+        # the carry (borrow) out of the lowest k columns, units first
+        low = [(a % 10**k, b % 10**k, 10**k) for k in (1, 2)]
+        expected = [x + y >= m if op == "+" else x < y for x, y, m in low]
+        assert carried == "".join(str(int(e)) for e in expected), working
+    return len(found)
+
+
+def test_arithmetic_drills_add_up_with_their_carries() -> None:
+    rng = random.Random(4)
+    for _ in range(300):
+        prompt, working = arithmetic_drill(rng)
+        asked = re.fullmatch(r"Add up (.+?)(?:, then take off \$(\d+))?\.", prompt)
+        assert asked is not None, prompt
+        amounts = [int(a) for a in re.findall(r"\$(\d+)", asked[1])]
+        off = int(asked[2] or 0)
+        assert _checked_sums(working) == len(amounts) - 1 + (asked[2] is not None)
+        assert working.splitlines()[-1] == f"Answer: ${sum(amounts) - off}"
+
+
 def test_complex_working_adds_up() -> None:
     items = generate(2, 200, {"complex": 1.0})
     assert {len([ln for ln in i.reference.splitlines() if ", total " in ln]) for i in items} == {
@@ -95,12 +123,11 @@ def test_complex_working_adds_up() -> None:
         assert lines[-2].startswith("shipping")
         assert lines[-2].endswith(f"${int(item.final[1:]):03d}")
         for line in lines[:-1]:
-            for left, op, right, result in re.findall(r"\$(\d+) ([+-]) \$(\d+) = \$(\d+)", line):
-                assert len(left) == len(right) == len(result) == 3, line  # fixed width
-                a, b, c = int(left), int(right), int(result)
-                assert c == (a + b if op == "+" else a - b), line
             for qty, price, amount in re.findall(r"(\d) x \$(\d+) = \$(\d+)", line):
                 assert int(qty) * int(price) == int(amount), line
+        # every product after the first adds to the total, a coupon subtracts, shipping adds
+        products = len([ln for ln in lines if ", total " in ln])
+        assert _checked_sums(item.reference) == products + ("coupon" in item.reference)
         for line in lines:
             for name in re.findall(r"^([a-z]+ [a-z]+): \d x \$(\d+)", line):
                 assert int(name[1]) == STORE.price(name[0]), line  # catalogue prices
