@@ -145,7 +145,7 @@ def _amount(dollars: int) -> str:
     return f"${dollars:0{AMOUNT_DIGITS}d}"
 
 
-def carries(a: int, b: int, subtract: bool = False) -> str:
+def _carries(a: int, b: int, sign: Literal["+", "-"]) -> str:
     """The carries of a + b (the borrows of a - b) out of each column but the highest, units
     first, in brackets: `[01]` for $097 + $012 (7 + 2 carries nothing, 9 + 1 carries one).
 
@@ -154,7 +154,7 @@ def carries(a: int, b: int, subtract: bool = False) -> str:
     out, carry = [], 0
     for column in range(AMOUNT_DIGITS - 1):
         x, y = (a // 10**column) % 10, (b // 10**column) % 10
-        carry = int(x - y - carry < 0) if subtract else int(x + y + carry >= 10)
+        carry = int(x + y + carry >= 10) if sign == "+" else int(x - y - carry < 0)
         out.append(str(carry))
     return "[" + "".join(out) + "]"
 
@@ -162,7 +162,7 @@ def carries(a: int, b: int, subtract: bool = False) -> str:
 def _sum(a: int, b: int, sign: Literal["+", "-"]) -> str:
     """One step of the working: `$097 + $012 [01] = $109` (fixed-width amounts, carries first)."""
     result = a + b if sign == "+" else a - b
-    return f"{_amount(a)} {sign} {_amount(b)} {carries(a, b, sign == '-')} = {_amount(result)}"
+    return f"{_amount(a)} {sign} {_amount(b)} {_carries(a, b, sign)} = {_amount(result)}"
 
 
 def _complex_lines(rng: random.Random, store: Store) -> list[tuple[int, Product]]:
