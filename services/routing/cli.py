@@ -42,7 +42,9 @@ def register(commands: Any) -> None:
     )
     label.set_defaults(func=cmd_label)
     train = actions.add_parser("train", help="train the predictor, tune cost_target on dev")
-    train.add_argument("--quality-target", type=float, default=0.97, help="of always-large")
+    train.add_argument(
+        "--quality-target", type=float, default=0.99, help="of always-large (default 0.99)"
+    )
     train.add_argument("--out", type=Path, help="artifact (default: the router's)")
     train.set_defaults(func=cmd_train)
 

@@ -66,7 +66,7 @@ def tune_thresholds(
     model: ComplexityModel,
     dev: Sequence[Outcome],
     costs: dict[str, float],
-    quality_target: float = 0.97,
+    quality_target: float = 0.99,
     step: float = 0.025,
 ) -> Tuning:
     """The least-cost (small_below, medium_below) on dev whose accuracy is at least
