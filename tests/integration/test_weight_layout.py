@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from services.common.errors import ConfigError
-from services.tier import huge_pages, linear_kernels, llama_pooled
+from services.tier import gpt2_pooled, huge_pages, linear_kernels, llama_pooled
 from services.tier.model_loading import load_causal_lm
 from services.tier.pooled_models import PooledPasses, layout_extra_bytes, pooled_passes
 from services.tier.tokenizer_loading import encode_prompt
@@ -287,3 +287,22 @@ def test_the_passes_rms_norm_is_transformers_bit_for_bit(dtype: torch.dtype) -> 
     x = (3 * torch.randn(8, 576, generator=generator)).to(dtype)
     with torch.inference_mode():
         assert torch.equal(llama_pooled._norm((norm.weight, norm.variance_epsilon), x), norm(x))
+
+
+def test_gpt2_activation_runs_as_one_kernel_within_an_ulp_of_transformers() -> None:
+    from transformers.activations import ACT2FN
+
+    generator = torch.Generator().manual_seed(7)
+    x = 4 * torch.randn(64, 1536, generator=generator)
+    for name in ("gelu_new", "gelu_pytorch_tanh"):
+        act = ACT2FN[name]
+        fused = gpt2_pooled.fused_activation(act)
+        assert fused is not act  # replaced by the one-kernel tanh GELU
+        with torch.inference_mode():
+            expected, got = act(x), fused(x)
+        # one ulp of the value, or two of 1.0 near zero (where 1 + tanh(...) cancels)
+        eps = torch.finfo(torch.float32).eps
+        tolerance = torch.where(expected.abs() >= 1.0, eps * expected.abs(), 2 * eps)
+        assert ((got - expected).abs() <= tolerance).all()
+    relu = ACT2FN["relu"]
+    assert gpt2_pooled.fused_activation(relu) is relu  # anything else is kept as it is
