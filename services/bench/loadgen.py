@@ -88,6 +88,8 @@ class RequestRecord:
     text: str = ""  # the final revision's text
     server_timings: dict[str, float] = field(default_factory=dict)
     policy: str = ""  # the routing policy that decided, from the router's route decision
+    route_reason: str = ""  # why, from the same route decision (e.g. a load-aware fallback)
+    complexity: float | None = None  # the policy's complexity score, from the route decision
 
     @property
     def ok(self) -> bool:
@@ -161,6 +163,8 @@ class LoadRun:
                     )
                 elif isinstance(event, RouteEvent):
                     record.policy = event.policy
+                    record.route_reason = event.reason
+                    record.complexity = event.complexity
                 elif isinstance(event, FinalEvent):
                     record.final_s = elapsed
                     record.tier = event.tier

@@ -30,7 +30,7 @@ def bench_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     large = build_tiny_model(tmp / "large-model", seed=7)
     out = tmp / "report"
     command = ["bench", "--json", "--out", str(out)]
-    command += ["--scenario", "long-tail", "--rate", "5", "--duration", "2", "--warmup", "0.5"]
+    command += ["--scenario", "long-tail", "--rate", "5", "--duration", "3", "--warmup", "0.5"]
     command += ["--max-tokens", "6", "--seed", "11", "--configs", ",".join(CONFIGS)]
     for tier, model in (("small", tiny_model_dir), ("medium", tiny_model_dir), ("large", large)):
         command += ["--model", f"{tier}={model}"]
@@ -105,6 +105,13 @@ def test_a_policy_configuration_runs_the_router_on_that_policy_and_then_back(ben
         for name in ("hybrid:keyword", "hybrid")
     }
     assert decided == {"hybrid:keyword": {"keyword"}, "hybrid": {configured}}
+    routed = [r for r in rows if r["configuration"] == "hybrid" and r["status"] == "OK"]
+    assert routed and all(r["route_reason"] for r in routed)  # the route decision's reason
+    assert all(0.0 <= r["complexity"] <= 1.0 for r in routed)
+    if configured in ("threshold", "cost_target"):  # "complexity 0.91 >= 0.80[; fallback]"
+        for r in routed:
+            said = float(r["route_reason"].removeprefix("complexity ").split()[0])
+            assert abs(said - r["complexity"]) <= 0.006
 
 
 def test_a_policy_configuration_needs_the_benchs_own_mesh(tmp_path: Path) -> None:
