@@ -132,6 +132,9 @@ class RouterConfig:
     tier_call_timeout_s: float = 300.0
     stall_timeout_ms: int = 10000
     large_queue_limit: int = 8  # threshold policies: large only while its queue is shorter
+    # ...and past it, the fallback tier only for a request the predictor gives at least this
+    # chance of being answered there (0 = always fall back); others stay queued on large
+    queue_fallback_min_success: float = 0.5
     # Relative cost per output token of each tier (large = 1), for cost-aware policies.
     tier_costs: dict[str, float] = field(
         default_factory=lambda: {"small": 0.05, "medium": 0.25, "large": 1.0}
@@ -190,6 +193,12 @@ class RouterConfig:
         )
         _require(self.tier_call_timeout_s > 0, "tier_call_timeout_s", "must be > 0")
         _require(self.stall_timeout_ms >= 1, "stall_timeout_ms", "must be >= 1")
+        _require(self.large_queue_limit >= 0, "large_queue_limit", "must be >= 0")
+        _require(
+            0.0 <= self.queue_fallback_min_success <= 1.0,
+            "queue_fallback_min_success",
+            "must be in [0, 1]",
+        )
 
 
 @dataclass(frozen=True)

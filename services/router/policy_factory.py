@@ -29,9 +29,17 @@ def create_policy(config: RouterConfig) -> RoutingPolicy:
         return KeywordPolicy()
     model = load_complexity_model(config.complexity_model)
     if name == "threshold":
-        return ThresholdPolicy(model, large_queue_limit=config.large_queue_limit)
+        return ThresholdPolicy(
+            model,
+            large_queue_limit=config.large_queue_limit,
+            fallback_min_success=config.queue_fallback_min_success,
+        )
     if name == "cost_target":
-        return CostTargetPolicy(model, large_queue_limit=config.large_queue_limit)
+        return CostTargetPolicy(
+            model,
+            large_queue_limit=config.large_queue_limit,
+            fallback_min_success=config.queue_fallback_min_success,
+        )
     if name == "adaptive":
         return AdaptivePolicy(
             model,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from services.common.tiers import TIER_NAMES
 from services.router.complexity_model import ComplexityModel
 from services.router.policy import Loads, RouteChoice, RoutingInput, band
 
@@ -34,7 +35,13 @@ class KeywordPolicy:
 
 class ThresholdPolicy:
     """score < small_below → small, < medium_below → medium, else large while the large tier's
-    queue is under `large_queue_limit`; past it, the fallback tier."""
+    queue is under `large_queue_limit`; past it, the fallback tier, but only for a request the
+    fallback tier is likely to answer: the predictor's probability that its cheapest correct
+    tier is the fallback tier or a cheaper one is at least `fallback_min_success` (0 = always
+    fall back). A request only the large tier answers (a complex order: the medium tier gets
+    few right) stays queued on large rather than taking a fast wrong answer; the tier's own
+    admission still bounds that queue, and a full tier's calls take the router's load-aware
+    fallback."""
 
     name = "threshold"
 
@@ -45,12 +52,16 @@ class ThresholdPolicy:
         medium_below: float = 0.7,
         large_queue_limit: int = 8,
         fallback_tier: str = "medium",
+        fallback_min_success: float = 0.5,
     ) -> None:
         self._model = model
         self._small_below = small_below
         self._medium_below = medium_below
         self._large_queue_limit = large_queue_limit
         self._fallback_tier = fallback_tier
+        self._fallback_min_success = fallback_min_success
+        # index of the fallback tier among the predictor's classes (cheapest correct tier)
+        self._fallback_level = TIER_NAMES.index(fallback_tier)
 
     def route(self, request: RoutingInput, loads: Loads) -> RouteChoice:
         probs = self._model.probabilities(request.user_text)
@@ -59,8 +70,17 @@ class ThresholdPolicy:
         reason = f"complexity {score:.2f} {where}"
         large = loads.get("large")
         if tier == "large" and large is not None and large.queued >= self._large_queue_limit:
-            tier = self._fallback_tier
-            reason += f"; large queue {large.queued} >= {self._large_queue_limit} → {tier}"
+            fallback = self._fallback_tier
+            success = float(probs[: self._fallback_level + 1].sum())
+            queue = f"large queue {large.queued} >= {self._large_queue_limit}"
+            if success >= self._fallback_min_success:
+                tier = fallback
+                reason += f"; {queue} → {fallback} (answers it with p {success:.2f})"
+            else:
+                reason += (
+                    f"; {queue}, kept: {fallback} answers it with p {success:.2f}"
+                    f" < {self._fallback_min_success:.2f}"
+                )
         return RouteChoice(tier, score, self.name, reason, tuple(float(p) for p in probs))
 
     def learn(self, choice: RouteChoice, tier: str, quality: float) -> None:
@@ -73,7 +93,16 @@ class CostTargetPolicy(ThresholdPolicy):
 
     name = "cost_target"
 
-    def __init__(self, model: ComplexityModel, large_queue_limit: int = 8) -> None:
+    def __init__(
+        self,
+        model: ComplexityModel,
+        large_queue_limit: int = 8,
+        fallback_min_success: float = 0.5,
+    ) -> None:
         super().__init__(
-            model, model.small_below, model.medium_below, large_queue_limit=large_queue_limit
+            model,
+            model.small_below,
+            model.medium_below,
+            large_queue_limit=large_queue_limit,
+            fallback_min_success=fallback_min_success,
         )

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tiermesh.client import AsyncRouterClient, RouteEvent
+from tiermesh.client import AsyncRouterClient, FinalEvent, RouteEvent
 
 from services.routing.predictor_training import train_model
 from tests.integration.mesh import Mesh, hold_stream, start_mesh
@@ -76,6 +76,47 @@ async def test_full_large_tier_falls_back_by_its_own_load_report(tiny_model_dir,
         assert isinstance(route, RouteEvent)
         assert result.tier == "medium", route.reason
         assert "large full" in route.reason and "fallback medium" in route.reason
+    finally:
+        await mesh.stop()
+
+
+@pytest.mark.parametrize(
+    ("min_success", "tier", "words"),
+    [(0.5, "large", "large queue 1 >= 1, kept: medium answers it"), (0.0, "medium", "→ medium")],
+)
+async def test_a_queued_large_tier_keeps_what_only_it_answers(
+    tiny_model_dir, artifact, min_success, tier, words
+) -> None:
+    mesh = await _mesh(
+        tiny_model_dir,
+        artifact,
+        tiers={"max_running": 1, "max_queued": 8},
+        policy="threshold",
+        large_queue_limit=1,
+        queue_fallback_min_success=min_success,
+    )
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            ready = asyncio.Event()
+            pinned = {"mode": "pinned", "tier": "large", "max_tokens": 400}
+            holders = [asyncio.create_task(hold_stream(client, ready, SIMPLE, **pinned))]
+            await asyncio.wait_for(ready.wait(), 10)  # one running on large
+            holders.append(
+                asyncio.create_task(hold_stream(client, asyncio.Event(), SIMPLE, **pinned))
+            )
+            loads = mesh.router.watcher.loads
+            for _ in range(200):  # ...and one queued behind it, by large's own report
+                if loads["large"] is not None and loads["large"].queued >= 1:
+                    break
+                await asyncio.sleep(0.02)
+            assert loads["large"] is not None and loads["large"].queued >= 1
+            stream = client.chat_stream(COMPLEX, max_tokens=4)
+            route = await anext(stream)  # decided while large's queue is at the limit
+            for holder in holders:
+                holder.cancel()
+            final = [e async for e in stream if isinstance(e, FinalEvent)]
+        assert isinstance(route, RouteEvent) and words in route.reason, route.reason
+        assert route.tiers == (tier,) and final and final[0].tier == tier
     finally:
         await mesh.stop()
 
