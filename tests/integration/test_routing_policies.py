@@ -5,12 +5,14 @@ adaptive routing learning from Feedback and refinements."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from tiermesh.client import AsyncRouterClient, FinalEvent, RouteEvent
 
+from services.router.policy import TierLoad
 from services.routing.predictor_training import train_model
 from tests.integration.mesh import Mesh, hold_stream, start_mesh
 from tests.unit.test_routing_offline import synthetic
@@ -40,6 +42,18 @@ async def _mesh(model_dir: Path, artifact: Path, tiers: dict | None = None, **ro
     )
 
 
+async def _large_load_until(mesh: Mesh, condition: Callable[[TierLoad], bool]) -> None:
+    """Waits (up to 4 s) until the router's last load report of the large tier meets
+    `condition`."""
+    loads = mesh.router.watcher.loads
+    for _ in range(200):
+        load = loads["large"]
+        if load is not None and condition(load):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"large tier's load never met the condition: {loads['large']}")
+
+
 async def test_threshold_policy_routes_by_trained_complexity(tiny_model_dir, artifact) -> None:
     mesh = await _mesh(tiny_model_dir, artifact, policy="threshold")
     try:
@@ -65,11 +79,7 @@ async def test_full_large_tier_falls_back_by_its_own_load_report(tiny_model_dir,
                 hold_stream(client, ready, SIMPLE, mode="pinned", tier="large", max_tokens=400)
             )
             await asyncio.wait_for(ready.wait(), 10)
-            loads = mesh.router.watcher.loads
-            for _ in range(200):
-                if loads["large"] is not None and loads["large"].queue_full:
-                    break
-                await asyncio.sleep(0.02)
+            await _large_load_until(mesh, lambda load: load.queue_full)
             result = await client.chat(COMPLEX, max_tokens=4)
             holder.cancel()
         route = result.events[0]
@@ -104,12 +114,7 @@ async def test_a_queued_large_tier_keeps_what_only_it_answers(
             holders.append(
                 asyncio.create_task(hold_stream(client, asyncio.Event(), SIMPLE, **pinned))
             )
-            loads = mesh.router.watcher.loads
-            for _ in range(200):  # ...and one queued behind it, by large's own report
-                if loads["large"] is not None and loads["large"].queued >= 1:
-                    break
-                await asyncio.sleep(0.02)
-            assert loads["large"] is not None and loads["large"].queued >= 1
+            await _large_load_until(mesh, lambda load: load.queued >= 1)  # ...and one queued
             stream = client.chat_stream(COMPLEX, max_tokens=4)
             route = await anext(stream)  # decided while large's queue is at the limit
             for holder in holders:
