@@ -74,11 +74,12 @@ models: setup  ## train the built-in model family, then routing labels and the p
 	$(BIN)/tiermesh route label --splits dev,test
 	$(BIN)/tiermesh route train
 
-bench: setup  ## router-hop, tracing and mTLS latency, engine batching, hybrid vs single, router cost curves
+bench: setup  ## router-hop, tracing and mTLS latency, engine batching, hybrid vs single, gateway overhead, router cost curves
 	$(BIN)/python scripts/hop_latency.py
 	$(BIN)/python scripts/mtls_cost.py
 	$(BIN)/tiermesh bench engine
 	$(BIN)/tiermesh bench --scenario long-tail --out report/
+	$(BIN)/python scripts/gateway_overhead.py --out report/gateway
 	$(BIN)/tiermesh bench sweep --cost-curve --engine echo --echo-tokens-per-s 5 --max-tokens 32 \
 		--duration 15 --warmup 7 --out report/cost-curve-echo
 	$(BIN)/tiermesh bench sweep --cost-curve --max-tokens 32 --duration 8 --warmup 2 \

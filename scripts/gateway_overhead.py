@@ -1,0 +1,104 @@
+"""Measures what the HTTP gateway adds over the router's gRPC API: starts `tiermesh run` on free
+ports (its own run directory, no demo), waits until the tiers, the router and the gateway serve,
+runs `tiermesh bench --target openai ... --router ... --relay-floor` against it (one stream and
+64, the gateway beside direct gRPC and a bare relay), then stops the mesh.
+
+    .venv/bin/python scripts/gateway_overhead.py [--engine echo] [--base-port B] [--out DIR]
+        [-- any further `tiermesh bench` options, e.g. --duration 30 --max-tokens 32]
+
+Exit status: the bench's, or 1 when the mesh did not come up (its log is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from services.launcher.local_mesh import is_http_healthy, is_serving  # noqa: E402
+
+TIERMESH = [sys.executable, "-m", "services.cli"]
+BENCH_DEFAULTS = ["--duration", "20", "--warmup", "4", "--rate", "6", "--max-tokens", "64"]
+START_TIMEOUT_S = 240.0
+
+
+def free_base_port() -> int:
+    """A base port whose router, tier and gateway ports (B, B+10..12, B+20..23, B+30, B+40)
+    are free now."""
+    for base in range(47000, 60000, 100):
+        ports = [base, base + 10, base + 11, base + 12, base + 40]
+        ports += [base + 20, base + 21, base + 22, base + 23, base + 30]
+        if all(_free(port) for port in ports):
+            return base
+    raise SystemExit("no free base port between 47000 and 60000")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_serving(base: int, proc: subprocess.Popen[bytes], log: Path) -> bool:
+    grpc_addresses = [f"127.0.0.1:{base + offset}" for offset in (0, 10, 11, 12)]
+    health = f"http://127.0.0.1:{base + 40}/health"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        if all(is_serving(a) for a in grpc_addresses) and is_http_healthy(health):
+            return True
+        time.sleep(1.0)
+    print(log.read_text(errors="replace")[-4000:], file=sys.stderr)
+    return False
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", choices=("model", "echo"), default="model")
+    parser.add_argument("--base-port", type=int, default=0, help="default: a free one")
+    parser.add_argument("--out", type=Path, help="report directory (openai.json)")
+    args, bench_extra = parser.parse_known_args()
+    bench_extra = [a for a in bench_extra if a != "--"]
+    base = args.base_port or free_base_port()
+    with tempfile.TemporaryDirectory(prefix="tiermesh-gateway-") as run_dir:
+        log = Path(run_dir) / "run.log"
+        env = {**os.environ, "TIERMESH_RUN_DIR": run_dir}
+        command = [*TIERMESH, "run", "--no-demo", "--base-port", str(base)]
+        command += ["--engine", args.engine]
+        with log.open("wb") as out:
+            proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out)
+        try:
+            print(f"starting the mesh on base port {base} ({args.engine} tiers)…", flush=True)
+            if not wait_serving(base, proc, log):
+                print("the mesh did not come up; its log is above", file=sys.stderr)
+                return 1
+            bench = [*TIERMESH, "bench", "--target", "openai"]
+            bench += ["--url", f"http://127.0.0.1:{base + 40}/v1", "--model", "tiermesh-small"]
+            bench += ["--router", f"127.0.0.1:{base}", "--relay-floor", *BENCH_DEFAULTS]
+            if args.out:
+                bench += ["--out", str(args.out)]
+            return subprocess.run([*bench, *bench_extra], cwd=ROOT, env=env).returncode
+        finally:
+            proc.send_signal(signal.SIGINT)  # `tiermesh run` stops every service on Ctrl-C
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
