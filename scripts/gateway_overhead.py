@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,31 +23,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from services.launcher.local_mesh import is_http_healthy, is_serving  # noqa: E402
+from services.launcher.local_mesh import (  # noqa: E402
+    free_base_port,
+    is_http_healthy,
+    is_serving,
+)
 
 TIERMESH = [sys.executable, "-m", "services.cli"]
 BENCH_DEFAULTS = ["--duration", "20", "--warmup", "4", "--rate", "6", "--max-tokens", "64"]
 START_TIMEOUT_S = 240.0
-
-
-def free_base_port() -> int:
-    """A base port whose router, tier and gateway ports (B, B+10..12, B+20..23, B+30, B+40)
-    are free now."""
-    for base in range(47000, 60000, 100):
-        ports = [base, base + 10, base + 11, base + 12, base + 40]
-        ports += [base + 20, base + 21, base + 22, base + 23, base + 30]
-        if all(_free(port) for port in ports):
-            return base
-    raise SystemExit("no free base port between 47000 and 60000")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def wait_serving(base: int, proc: subprocess.Popen[bytes], log: Path) -> bool:

@@ -70,15 +70,14 @@ class ThresholdPolicy:
         reason = f"complexity {score:.2f} {where}"
         large = loads.get("large")
         if tier == "large" and large is not None and large.queued >= self._large_queue_limit:
-            fallback = self._fallback_tier
             success = float(probs[: self._fallback_level + 1].sum())
             queue = f"large queue {large.queued} >= {self._large_queue_limit}"
             if success >= self._fallback_min_success:
-                tier = fallback
-                reason += f"; {queue} → {fallback} (answers it with p {success:.2f})"
+                tier = self._fallback_tier
+                reason += f"; {queue} → {tier} (answers it with p {success:.2f})"
             else:
                 reason += (
-                    f"; {queue}, kept: {fallback} answers it with p {success:.2f}"
+                    f"; {queue}, kept: {self._fallback_tier} answers it with p {success:.2f}"
                     f" < {self._fallback_min_success:.2f}"
                 )
         return RouteChoice(tier, score, self.name, reason, tuple(float(p) for p in probs))

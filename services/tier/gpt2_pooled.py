@@ -51,14 +51,12 @@ class _Layer:
     act: Callable[[torch.Tensor], torch.Tensor]
 
 
-@torch.no_grad()
 def fused_activation(act: Any) -> Callable[[torch.Tensor], torch.Tensor]:
     """The block's activation as one kernel where transformers writes it as several: GPT-2's
     `gelu_new` is the tanh approximation of GELU in eight elementwise ops (pow, mul, add, tanh,
     ...), each a pass over the MLP's widest activations; `F.gelu(approximate="tanh")` is the
     same formula in one pass (float32: within one ulp of it, or two ulps of 1.0 near zero,
-    on about 1% of elements). Any
-    other activation is kept as it is."""
+    on about 1% of elements). Any other activation is kept as it is."""
     from transformers.activations import GELUTanh, NewGELUActivation
 
     if isinstance(act, NewGELUActivation | GELUTanh):
@@ -70,6 +68,7 @@ def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
+@torch.no_grad()
 def prepare(model: Any) -> None:
     """Makes each block's linear layers the passes' own (see the module's docstring); calling
     it again does nothing. Afterwards the model runs through these passes only."""
