@@ -61,6 +61,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         "tier": args.tier or "",
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,
+        "stop": tuple(args.stop),
         "timeout": args.timeout,
     }
     telemetry = setup_telemetry("tiermesh-cli")
@@ -145,6 +146,13 @@ def register_chat(commands: Any) -> None:
     chat.add_argument("--router", default=env.router_address(), help="router address")
     chat.add_argument("--max-tokens", type=int, help="most tokens per revision")
     chat.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    chat.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="a stop sequence: the answer ends just before it (repeat for up to 4)",
+    )
     chat.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
     add_client_security_flags(chat, "the router")
     chat.set_defaults(func=cmd_chat)

@@ -20,11 +20,14 @@ MAX_TIER_PROMPT_CHARS = 100_000  # all messages together, at a tier (the router 
 MIN_TEMPERATURE = 0.05  # the smallest sampled temperature; 0 itself means greedy
 MAX_TEMPERATURE = 2.0
 MAX_TOP_K = 100_000  # past any vocabulary; bounds the top-k work
+MAX_STOP_SEQUENCES = 4  # as OpenAI's API allows
+MAX_STOP_CHARS = 128  # one stop sequence; bounds the text a tier holds back
 
 
 def check_sampling(params: common_pb2.SamplingParams) -> None:
     """temperature: 0 (greedy) or in [MIN_TEMPERATURE, MAX_TEMPERATURE]; top_p: 0 (unset, = 1)
-    or in (0, 1]; top_k: 0 (off) up to MAX_TOP_K. NaN and infinities are out of every range."""
+    or in (0, 1]; top_k: 0 (off) up to MAX_TOP_K; stop: at most MAX_STOP_SEQUENCES strings of
+    1 to MAX_STOP_CHARS characters. NaN and infinities are out of every range."""
     temperature, top_p = params.temperature, params.top_p
     if temperature != 0.0 and not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
         raise InvalidArgument(
@@ -35,6 +38,15 @@ def check_sampling(params: common_pb2.SamplingParams) -> None:
         raise InvalidArgument(f"sampling.top_p: must be in (0, 1] (0 = unset), got {top_p}")
     if params.top_k > MAX_TOP_K:
         raise InvalidArgument(f"sampling.top_k: must be in [0, {MAX_TOP_K}], got {params.top_k}")
+    if len(params.stop) > MAX_STOP_SEQUENCES:
+        raise InvalidArgument(
+            f"sampling.stop: at most {MAX_STOP_SEQUENCES} stop sequences, got {len(params.stop)}"
+        )
+    for i, stop in enumerate(params.stop):
+        if not 1 <= len(stop) <= MAX_STOP_CHARS:
+            raise InvalidArgument(
+                f"sampling.stop[{i}]: must be 1 to {MAX_STOP_CHARS} characters, got {len(stop)}"
+            )
 
 
 def check_request_id(request_id: str) -> None:

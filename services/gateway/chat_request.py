@@ -14,6 +14,7 @@ from tiermesh.client.requests import MODES
 from tiermesh.v1 import common_pb2, router_pb2
 
 from services.common.tiers import TIER_NAMES
+from services.common.validation import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 from services.gateway.errors import GatewayError, bad_request
 
 MODEL_PREFIX = "tiermesh-"
@@ -74,9 +75,6 @@ def parse_chat_request(body: Any, *, revisions_header: bool = False) -> ChatComp
             raise bad_request(
                 name, f"not supported by tiermesh; leave it unset (got {body[name]!r})"
             )
-    stop = body.get("stop")
-    if stop not in (None, "", []):
-        raise bad_request("stop", "stop sequences are not supported by tiermesh; leave it unset")
     stream = _bool(body, "stream")
     include_usage = _include_usage(body, stream)
     request = router_pb2.ChatRequest(
@@ -175,7 +173,23 @@ def _sampling(body: dict[str, Any]) -> common_pb2.SamplingParams:
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
             raise bad_request("seed", f"must be an integer in [0, 2**64 - 1], got {seed!r}")
         sampling.seed = seed
+    sampling.stop.extend(_stop(body.get("stop")))
     return sampling
+
+
+def _stop(value: Any) -> list[str]:
+    """OpenAI's `stop`: null, one string or a list of up to 4 (an empty string is none)."""
+    if value is None or value == "":
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise bad_request("stop", f"must be a non-empty string or a list of them, got {value!r}")
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise bad_request("stop", f"at most {MAX_STOP_SEQUENCES} stop sequences, got {len(stops)}")
+    for text in stops:
+        if len(text) > MAX_STOP_CHARS:
+            raise bad_request("stop", f"each stop sequence is at most {MAX_STOP_CHARS} characters")
+    return stops
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:

@@ -34,7 +34,12 @@ ERROR_TYPES: dict[int, str] = {
 # the router names the bad field first ("max_tokens: must be in [1, 200], got 0")
 _FIELD = re.compile(r"^([a-z_]+(?:\.[a-z_]+)*): ")
 # the router's field names that differ from the OpenAI request's
-PARAMS = {"sampling.temperature": "temperature", "sampling.top_p": "top_p", "prompt": "messages"}
+PARAMS = {
+    "sampling.temperature": "temperature",
+    "sampling.top_p": "top_p",
+    "sampling.stop": "stop",
+    "prompt": "messages",
+}
 
 
 class GatewayError(Exception):

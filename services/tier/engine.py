@@ -21,6 +21,7 @@ class Sampling:
     top_p: float = 1.0  # nucleus mass kept, range (0, 1]; 1 = off
     top_k: int = 0  # keep the k most likely tokens; 0 = off
     seed: int | None = None  # seeds the sampler for reproducible output; None = unseeded
+    stop: tuple[str, ...] = ()  # stop sequences: the text ends before the first (stop_sequences)
 
     @property
     def greedy(self) -> bool:

@@ -30,6 +30,7 @@ from services.tier.prepared_request import (
     held_back_text,
     prepare_request,
 )
+from services.tier.stop_sequences import StopSequences
 
 Clock = Callable[[], float]  # seconds, monotonic (time.perf_counter)
 
@@ -172,7 +173,9 @@ class EngineLifecycle(ABC):
         slot in the bounded queue (raises Overloaded past it, or at once when the queue's
         expected wait exceeds the request's deadline or the longest wait), check health again,
         then relay the decoder's chunks, noting the first token's time and putting usage on the
-        last chunk. Closing the stream early closes the decoder's, which stops its work. A stream
+        last chunk; with stop sequences, the text is cut at the first (stop_sequences.py) and
+        the decoder's stream closed there. Closing the stream early closes the decoder's, which
+        stops its work. A stream
         that the engine's shutdown ended before its last chunk raises Unavailable."""
         received = time.perf_counter()
         prepared = self.prepare(request)
@@ -186,9 +189,12 @@ class EngineLifecycle(ABC):
             self.check_health()
             meter = UsageMeter(len(prepared.prompt_ids), received)
             finished = False
+            stops = StopSequences(prepared.sampling.stop) if prepared.sampling.stop else None
             stream = self._decode(prepared)
             async with contextlib.aclosing(stream):
                 async for decoded in stream:
+                    if stops is not None:
+                        decoded = stops.apply(decoded)
                     first = meter.ttft_ms is None
                     chunk = meter.observe(decoded)
                     if first and meter.ttft_ms is not None:
@@ -199,6 +205,8 @@ class EngineLifecycle(ABC):
                         chunk = self._named(chunk)
                         finished = True
                     yield chunk
+                    if finished:  # a stop sequence ends it before the engine does
+                        break
             if not finished and self._closing:  # stopped under it: never end as if complete
                 raise Unavailable(
                     f"tier {self._config.name}: the model {self._model_name} stopped before "

@@ -42,6 +42,7 @@ def sampling_from_proto(params: common_pb2.SamplingParams) -> Sampling:
         top_p=params.top_p if params.top_p > 0 else 1.0,
         top_k=params.top_k,
         seed=params.seed or None,
+        stop=tuple(params.stop),
     )
 
 

@@ -104,6 +104,15 @@ def test_run_then_chat_json_then_sigterm(mesh_process) -> None:
     assert {"router", "tier-small", "tier-large"} <= {s["service"] for s in local}
     assert {"route", "revision 0", "revision 1", "engine decode"} <= {s["name"] for s in local}
 
+    # --stop: the answer ends just before the stop sequence (taken from the whole answer)
+    pinned = ["--mode", "pinned", "--tier", "small", "--max-tokens", "16", "Any returns?"]
+    whole = chat_json(router, *pinned)[-1]["text"]
+    assert len(whole) >= 4, whole
+    stop = whole[len(whole) // 2 : len(whole) // 2 + 2]
+    cut = chat_json(router, *pinned, "--stop", stop, "--stop", "\x01")
+    assert cut[-1]["text"] == whole[: whole.find(stop)], (whole, stop)
+    assert [e["finish_reason"] for e in cut if e["type"] == "revision_end"] == ["stop"]
+
     bad = subprocess.run(
         [*TIERMESH, "chat", "--router", router, "--json", "--max-tokens", "0", "hi"],
         cwd=ROOT,

@@ -120,7 +120,9 @@ def test_revisions_opt_in_through_extra_body(gateway: GatewayMesh) -> None:
         ({"temperature": 3.0}, "temperature"),
         ({"top_p": 0}, "top_p"),
         ({"seed": -1}, "seed"),
-        ({"stop": ["\n"]}, "stop"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": [""]}, "stop"),
+        ({"stop": 3}, "stop"),
         ({"n": 2}, "n"),
     ],
 )
@@ -154,3 +156,20 @@ def test_sampling_options_are_honoured(gateway: GatewayMesh) -> None:
     )
     assert first.choices[0].message.content == second.choices[0].message.content
     assert first.choices[0].message.content != greedy.choices[0].message.content
+
+
+@pytest.mark.parametrize("model", ["tiermesh-small", "tiermesh-progressive"])
+def test_stop_sequences_end_the_answer_before_them(gateway: GatewayMesh, model: str) -> None:
+    whole = client(gateway).chat.completions.create(model=model, messages=PROMPT, max_tokens=24)
+    full = whole.choices[0].message.content or ""
+    assert len(full) >= 8, full
+    stop = full[len(full) // 2 : len(full) // 2 + 3]  # some text from the middle of the answer
+    expected = full[: full.find(stop)]
+    answer = client(gateway).chat.completions.create(
+        model=model, messages=PROMPT, max_tokens=24, stop=[stop, "\x00never"]
+    )
+    assert answer.choices[0].message.content == expected
+    assert answer.choices[0].finish_reason == "stop"
+    text, chunks = streamed_text(gateway, model, max_tokens=24, stop=stop)
+    assert text == expected
+    assert chunks[-1].choices[0].finish_reason == "stop"

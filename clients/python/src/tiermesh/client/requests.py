@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tiermesh.v1 import common_pb2, router_pb2
 
 MODES: dict[str, int] = {
@@ -21,16 +23,20 @@ def build_request(
     max_tokens: int | None = None,
     request_id: str = "",
     temperature: float = 0.0,
+    stop: Sequence[str] = (),
     draft_tier: str = "",
     refine_tier: str = "",
     progressive_gate: str = "",
 ) -> router_pb2.ChatRequest:
     """A ChatRequest: a single `prompt` or `messages` as (role, content) pairs; `mode` one of
     MODES; `tier` for pinned mode; `max_tokens` None for the router's default; `temperature`
-    0 for greedy decoding; `progressive_gate` always, race or cascade (empty: the router's).
+    0 for greedy decoding; `stop` up to 4 stop sequences (each answer ends just before the
+    first it would contain); `progressive_gate` always, race or cascade (empty: the router's).
     The router validates the rest and answers INVALID_ARGUMENT."""
     if mode not in MODES:
         raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
+    if isinstance(stop, str):  # one stop sequence, not one per character
+        stop = [stop]
     request = router_pb2.ChatRequest(
         request_id=request_id,
         prompt=prompt or "",
@@ -40,7 +46,7 @@ def build_request(
         draft_tier=draft_tier,
         refine_tier=refine_tier,
         progressive_gate=progressive_gate,
-        sampling=common_pb2.SamplingParams(temperature=temperature),
+        sampling=common_pb2.SamplingParams(temperature=temperature, stop=list(stop)),
     )
     if max_tokens is not None:
         request.max_tokens = max_tokens
