@@ -43,6 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         replicas=replica_counts(args.replicas) if args.replicas else None,
         echo=echo,
         tier_nice=args.tier_nice,
+        cors_origins=tuple(args.cors_origin),
     )
 
 
@@ -93,6 +94,14 @@ def register_run(commands: Any) -> None:
         "--base-port",
         type=int,
         help="router on BASE, tiers on BASE+10..12 (default: router 50051, tiers 50061-50063)",
+    )
+    run.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin (https://app.example, or *) the gateway serves cross-origin; "
+        "repeat for more (default: same origin only)",
     )
     run.add_argument(
         "--http-port",

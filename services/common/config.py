@@ -6,6 +6,7 @@ Every error names the file and the field. Knows nothing of what the services do 
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 import types
 import typing
@@ -211,13 +212,25 @@ class GatewayConfig:
     timeout_s: float = 120.0  # deadline of one chat's router call
     retry_after_s: int = 1  # Retry-After on a 429 when the router gives no hint
     drain_grace_s: float = 10.0  # on SIGTERM, how long in-flight responses may finish
+    # browser origins (scheme://host[:port], or "*") the API answers cross-origin (CORS);
+    # empty: same origin only (the chat page), and no CORS work per request
+    cors_origins: tuple[str, ...] = ()
 
     def validate(self) -> None:
         _require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
         _require(bool(self.router), "router", "must be a gRPC target")
+        for i, origin in enumerate(self.cors_origins):
+            _require(
+                origin == "*" or _ORIGIN.fullmatch(origin) is not None,
+                f"cors_origins[{i}]",
+                f"must be scheme://host[:port] (no path) or *, got {origin!r}",
+            )
         _require(self.timeout_s > 0, "timeout_s", "must be > 0")
         _require(self.retry_after_s >= 0, "retry_after_s", "must be >= 0")
         _require(self.drain_grace_s >= 0, "drain_grace_s", "must be >= 0")
+
+
+_ORIGIN = re.compile(r"https?://[^/\s:]+(:\d{1,5})?")
 
 
 def _require(ok: bool, name: str, message: str) -> None:
@@ -273,6 +286,10 @@ def _coerce(name: str, value: Any, hint: Any, base_dir: Path | None) -> Any:
             raise ConfigError(f"{name}: expected a path string, got {value!r}")
         path = Path(value)
         return path if path.is_absolute() or base_dir is None else base_dir / path
+    if origin is tuple:  # tuple[str, ...]: a TOML list of strings
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{name}: expected a list of strings, got {value!r}")
+        return tuple(value)
     if origin is dict:
         value_type = typing.get_args(hint)[1]
         if value_type is float and isinstance(value, dict):

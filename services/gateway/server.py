@@ -13,6 +13,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -25,6 +26,7 @@ from services.common.http_listener import tcp_listener
 from services.common.parent_watch import stop_with_parent
 from services.common.telemetry import setup_telemetry
 from services.gateway.app import create_app
+from services.gateway.cors import with_cors
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,7 @@ class RunningGateway:
 
 def _uvicorn_config(config: GatewayConfig) -> uvicorn.Config:
     return uvicorn.Config(
-        create_app(config),
+        with_cors(create_app(config), config.cors_origins),
         log_level="warning",
         access_log=False,
         lifespan="on",
@@ -93,9 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", help="override the config's host")
     parser.add_argument("--port", type=int, help="override the config's port")
     parser.add_argument("--router", help="override the config's router address")
+    parser.add_argument(
+        "--cors-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="a browser origin served cross-origin (repeat; replaces the config's cors_origins)",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        options = {"host": args.host, "port": args.port, "router": args.router}
+        options: dict[str, Any] = {"host": args.host, "port": args.port, "router": args.router}
+        if args.cors_origin:
+            options["cors_origins"] = tuple(args.cors_origin)
         config = load_config(GatewayConfig, args.config, **options)
         stop_with_parent()
         configure_logging("gateway", env.log_level())

@@ -91,16 +91,21 @@ def plan_children(
     secure: SecureRun | None = None,
     echo: EchoSettings | None = None,
     tier_nice: int = TIER_NICE,
+    cors_origins: tuple[str, ...] = (),
 ) -> list[Child]:
     """The processes to start (the gateway, then the router last); raises ConfigError if a
     model folder is missing. `replicas` runs that many processes of a tier ("small", "small-2",
     ...; those past the first on free ports, metrics off), all given to the router. `secure`
     gives every child its TLS and key environment. `echo` runs echo tiers (no model).
-    `tier_nice` is added to the tiers' nice value (0: the launcher's priority)."""
+    `tier_nice` is added to the tiers' nice value (0: the launcher's priority).
+    `cors_origins`: the browser origins the gateway answers cross-origin (none: same origin)."""
     xds_tls = secure.router_xds_tls() if secure is not None else None
     children = _plan_children(
         base_port, models, device, run_dir, mesh, http_port, replicas, xds_tls, echo, tier_nice
     )
+    if cors_origins:
+        gateway = next(child for child in children if child.name == "gateway")
+        gateway.command += [a for origin in cors_origins for a in ("--cors-origin", origin)]
     if secure is not None:
         for child in children:
             child.env = {**(child.env or {}), **secure.env_for(child.name)}
@@ -300,6 +305,7 @@ def run_mesh(
     secure: bool = False,
     echo: EchoSettings | None = None,
     tier_nice: int = TIER_NICE,
+    cors_origins: tuple[str, ...] = (),
 ) -> int:
     console = console or Console()
     run_dir = Path(env.run_dir())
@@ -321,6 +327,7 @@ def run_mesh(
             secure=secure_run,
             echo=echo,
             tier_nice=tier_nice,
+            cors_origins=cors_origins,
         )
     except ConfigError as e:
         console.print(f"[red]tiermesh run:[/red] {e}")

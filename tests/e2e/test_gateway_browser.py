@@ -1,11 +1,17 @@
 """The chat page in a real browser (Playwright driving Debian's Chromium) against a real mesh and
-gateway: a progressive question shows the draft, then the refinement replaces it."""
+gateway: a progressive question shows the draft, then the refinement replaces it; and a page of
+another origin streams an answer with fetch() from a gateway that allows that origin (CORS),
+and is refused by one that does not."""
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -35,6 +41,32 @@ new MutationObserver(() => {
   const now = [item.dataset.revision || "", text, item.dataset.state];
   if (!last || last.join("\\u0000") !== now.join("\\u0000")) window.__snapshots.push(now);
 }).observe(document, {subtree: true, childList: true, characterData: true, attributes: true});
+"""
+
+
+# what a frontend of another origin does: a streamed chat with an API key, read to the end
+CROSS_ORIGIN_CHAT = """
+async (url) => {
+  try {
+    const response = await fetch(url + "/v1/chat/completions", {
+      method: "POST",
+      headers: {"content-type": "application/json", "authorization": "Bearer x"},
+      body: JSON.stringify({model: "tiermesh-small", stream: true, max_tokens: 16,
+                            messages: [{role: "user", content: "What is your return policy?"}]}),
+    });
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let body = "";
+    for (;;) {
+      const {done, value} = await reader.read();
+      if (done) break;
+      body += decoder.decode(value, {stream: true});
+    }
+    return {status: response.status, body: body};
+  } catch (e) {
+    return {error: String(e)};
+  }
+}
 """
 
 
@@ -97,3 +129,63 @@ def test_progressive_answer_draft_then_refinement(gateway: GatewayMesh, tmp_path
     assert width <= 390
     assert (tmp_path / "chat.png").stat().st_size > 0
     assert second_badge == "answer · small"
+
+
+class _Frontend(BaseHTTPRequestHandler):
+    """A blank page: the origin a cross-origin frontend is served from."""
+
+    def do_GET(self) -> None:
+        page = b"<!doctype html><title>frontend</title>"
+        self.send_response(200)
+        self.send_header("content-type", "text/html")
+        self.send_header("content-length", str(len(page)))
+        self.end_headers()
+        self.wfile.write(page)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def frontend() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Frontend)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _sse_content(body: str) -> str:
+    """The concatenated delta content of an SSE chat.completion stream."""
+    events = [
+        line.removeprefix("data: ") for line in body.splitlines() if line.startswith("data: ")
+    ]
+    chunks = [json.loads(e) for e in events if e != "[DONE]"]
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent")
+def test_a_frontend_of_another_origin_streams_only_where_allowed(
+    gateway: GatewayMesh, frontend: str, tmp_path: Path
+) -> None:
+    from playwright.sync_api import sync_playwright
+
+    allowing = gateway.extra_gateway(cors_origins=(frontend,))
+    messages = [{"role": "user", "content": QUESTION}]
+    body = {"model": "tiermesh-small", "messages": messages, "max_tokens": 16}
+    expected = httpx.post(f"{allowing}/v1/chat/completions", json=body, timeout=60).json()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+        )
+        try:
+            page = browser.new_page()
+            page.goto(frontend + "/")
+            allowed = page.evaluate(CROSS_ORIGIN_CHAT, allowing)
+            refused = page.evaluate(CROSS_ORIGIN_CHAT, gateway.url)  # no origins configured
+        finally:
+            browser.close()
+    assert allowed.get("status") == 200, allowed
+    assert _sse_content(allowed["body"]) == expected["choices"][0]["message"]["content"]
+    assert "Failed to fetch" in refused.get("error", ""), refused

@@ -43,6 +43,16 @@ class GatewayMesh:
         self.gateway = self.run(start_gateway(config))
         return self
 
+    def extra_gateway(self, router: str | None = None, **options: Any) -> str:
+        """Starts another gateway with these config options, on `router` (default: this mesh's
+        router); returns its base URL. Stopped with the mesh."""
+        assert self.mesh is not None
+        target = self.mesh.address if router is None else router
+        config = build_config(GatewayConfig, {"port": 0, "router": target, **options})
+        running = self.run(start_gateway(config))
+        self.extra_gateways.append(running)
+        return running.url
+
     @property
     def url(self) -> str:
         assert self.gateway is not None

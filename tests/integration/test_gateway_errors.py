@@ -14,9 +14,7 @@ import openai
 import pytest
 from opentelemetry.trace import format_trace_id
 
-from services.common.config import GatewayConfig, build_config
 from services.gateway.router_chat import call_metadata, start_span
-from services.gateway.server import start_gateway
 from tests.integration.gateway_mesh import GatewayMesh
 
 MESSAGES = [{"role": "user", "content": "What is your return policy?"}]
@@ -35,13 +33,6 @@ def gateway(tiny_model_dir: Path) -> Iterator[GatewayMesh]:
     mesh.stop()
 
 
-def other_gateway(mesh: GatewayMesh, router: str, **options: object) -> str:
-    config = build_config(GatewayConfig, {"port": 0, "router": router, **options})
-    running = mesh.run(start_gateway(config))
-    mesh.extra_gateways.append(running)
-    return running.url
-
-
 def test_router_at_capacity_is_429_with_retry_after(gateway: GatewayMesh) -> None:
     body = {"model": "tiermesh-small", "messages": MESSAGES, "stream": True, "max_tokens": 400}
     url = f"{gateway.url}/v1/chat/completions"
@@ -58,7 +49,7 @@ def test_router_at_capacity_is_429_with_retry_after(gateway: GatewayMesh) -> Non
 
 def test_deadline_exceeded_is_504(gateway: GatewayMesh) -> None:
     assert gateway.mesh is not None
-    url = other_gateway(gateway, gateway.mesh.address, timeout_s=0.02)
+    url = gateway.extra_gateway(timeout_s=0.02)
     body = {"model": "tiermesh-small", "messages": MESSAGES, "max_tokens": 400}
     response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
     assert response.status_code == 504
@@ -70,7 +61,7 @@ def test_unreachable_router_is_503(gateway: GatewayMesh) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = f"127.0.0.1:{s.getsockname()[1]}"
-    url = other_gateway(gateway, closed, timeout_s=5.0)
+    url = gateway.extra_gateway(closed, timeout_s=5.0)
     body = {"model": "tiermesh-routed", "messages": MESSAGES, "stream": True}
     response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
     assert response.status_code == 503

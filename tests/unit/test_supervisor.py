@@ -220,3 +220,15 @@ def test_a_child_with_a_nice_value_runs_and_restarts_below_the_launchers_priorit
         assert os.getpriority(os.PRIO_PROCESS, tier.process.pid) == min(own + 7, 19)
     finally:
         stop_in_order([tier, router], grace_s=5)
+
+
+def test_cors_origins_are_passed_to_the_gateway_only(tmp_path: Path) -> None:
+    models = model_folders(tmp_path)
+    origins = ("https://app.example", "*")
+    planned = plan_children(9000, models, None, tmp_path / "logs", cors_origins=origins)
+    commands = {c.name: c.command for c in planned}
+    gateway = commands.pop("gateway")
+    assert gateway[-4:] == ["--cors-origin", "https://app.example", "--cors-origin", "*"]
+    assert not any("--cors-origin" in command for command in commands.values())
+    plain = plan_children(9000, models, None, tmp_path / "logs")
+    assert "--cors-origin" not in next(c for c in plain if c.name == "gateway").command
