@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 from tiermesh.client import AsyncRouterClient
-from tiermesh.v1 import tier_pb2, tier_pb2_grpc
+from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
 
 from services.common.config import TierConfig, build_config
 from services.tier.echo_engine import echo_answer, echo_text
@@ -35,6 +35,21 @@ async def tier() -> AsyncIterator[TierServer]:
 
 def _request(request_id: str, max_tokens: int, prompt: str = PROMPT) -> tier_pb2.GenerateRequest:
     return tier_pb2.GenerateRequest(request_id=request_id, prompt=prompt, max_tokens=max_tokens)
+
+
+async def test_a_stop_sequence_ends_the_echo_answer_and_frees_the_slot(tier: TierServer) -> None:
+    whole = echo_text(echo_answer(tuple(PROMPT.encode()), 30))
+    stop = whole[10:13]
+    request = _request("s", 30)
+    request.sampling.CopyFrom(common_pb2.SamplingParams(stop=[stop]))
+    async with grpc.aio.insecure_channel(tier.address) as channel:
+        stub = tier_pb2_grpc.TierServiceStub(channel)
+        chunks = [chunk async for chunk in stub.Generate(request)]
+        status = await _idle(stub)
+    assert "".join(chunk.text for chunk in chunks) == whole[: whole.find(stop)]
+    assert chunks[-1].finish_reason == "stop"
+    assert chunks[-1].usage.completion_tokens < 30
+    assert status.running == 0
 
 
 async def _idle(stub: tier_pb2_grpc.TierServiceStub) -> tier_pb2.TierStatus:
