@@ -8,7 +8,8 @@ tiermesh mesh bootstrap [--topology FILE] [--node-id ID]     gRPC xDS bootstrap 
     [--ca CA [--cert C --key K]]                             ADS over TLS (mTLS with a certificate)
 tiermesh mesh bootstrap --validate FILE                      what a bootstrap file lacks
 tiermesh mesh envoy [--topology FILE]                        Envoy bootstrap JSON
-tiermesh mesh k8s [--topology FILE] [--service-monitor]      Kubernetes manifests (YAML)
+tiermesh mesh k8s [--topology FILE] [--service-monitor] [--secure] [--cors-origin O]...
+                                                             Kubernetes manifests (YAML)
     [--secure]                                               TLS from Secrets, exec health probes
 tiermesh mesh probe TARGET [--calls N]                       which backend answers, N calls
 
@@ -42,6 +43,7 @@ from mesh.last_good import load_or_last_good
 from mesh.topology import Topology
 from mesh.topology_file import load_topology
 from services.common import env
+from services.common.config import GatewayConfig, build_config
 from services.common.errors import ConfigError
 from services.common.extras import require_extra
 
@@ -164,7 +166,15 @@ def cmd_envoy(args: argparse.Namespace) -> int:
 def cmd_k8s(args: argparse.Namespace) -> int:
     from mesh.k8s import manifests_yaml
 
-    text = manifests_yaml(_topology(args), service_monitor=args.service_monitor, secure=args.secure)
+    origins = tuple(args.cors_origin)
+    # the gateway's own check (ConfigError: exit 2), so a bad origin never reaches a cluster
+    build_config(GatewayConfig, {"cors_origins": list(origins)})
+    text = manifests_yaml(
+        _topology(args),
+        service_monitor=args.service_monitor,
+        secure=args.secure,
+        cors_origins=origins,
+    )
     sys.stdout.write(text)
     return 0
 
@@ -300,6 +310,14 @@ def register(subparsers: Any) -> None:
         "--secure",
         action="store_true",
         help="TLS everywhere from Secrets (the output says how to create them; no key in it)",
+    )
+    k8s.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin (https://app.example, or *) the gateway serves cross-origin; "
+        "repeat for more",
     )
     k8s.set_defaults(func=_guarded(cmd_k8s))
 

@@ -224,10 +224,14 @@ def _plaintext_flag(secure: bool) -> list[str]:
 
 
 def manifests(
-    topology: Topology, service_monitor: bool = False, secure: bool = False
+    topology: Topology,
+    service_monitor: bool = False,
+    secure: bool = False,
+    cors_origins: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """Every object, in apply order; with `service_monitor`, a Prometheus Operator
-    ServiceMonitor too; with `secure`, TLS everywhere from Secrets the cluster must hold."""
+    ServiceMonitor too; with `secure`, TLS everywhere from Secrets the cluster must hold;
+    `cors_origins`: the browser origins the gateway serves cross-origin (none: same origin)."""
     namespace = topology.kubernetes.namespace
     in_cluster = cluster_topology(topology)
     control_port = _port(topology.control_plane)
@@ -300,7 +304,7 @@ def manifests(
     objects.append(_deployment("tiermesh-router", router_labels, 1, router, volumes=router_volumes))
     objects.append(_service("tiermesh-router", router_labels, router_port))
     router_host = _service_host("tiermesh-router", namespace)
-    objects += _gateway_objects(topology, router_host, router_port, secure)
+    objects += _gateway_objects(topology, router_host, router_port, secure, cors_origins)
     objects += network_policies(APP, _metadata_labels(_labels("network")))
     if service_monitor:
         objects.append(service_monitor_object(APP, _metadata_labels(_labels("monitoring"))))
@@ -310,7 +314,11 @@ def manifests(
 
 
 def _gateway_objects(
-    topology: Topology, router_host: str, router_port: int, secure: bool = False
+    topology: Topology,
+    router_host: str,
+    router_port: int,
+    secure: bool = False,
+    cors_origins: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """The HTTP gateway's Deployment and Service: an HTTP port and `/health` probes (ready once
     the router answers), calling the router's Service over gRPC."""
@@ -318,6 +326,7 @@ def _gateway_objects(
     command = [
         "python", "-m", "services.gateway", "--host", "0.0.0.0", "--port", str(GATEWAY_PORT),
         "--router", f"{router_host}:{router_port}",
+        *(arg for origin in cors_origins for arg in ("--cors-origin", origin)),
     ]  # fmt: skip
     container = _container("gateway", command, GATEWAY_PORT, topology, "gateway")
     container["ports"] = [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}]
@@ -350,9 +359,15 @@ def _gateway_objects(
     return [deployment, service]
 
 
-def manifests_yaml(topology: Topology, service_monitor: bool = False, secure: bool = False) -> str:
+def manifests_yaml(
+    topology: Topology,
+    service_monitor: bool = False,
+    secure: bool = False,
+    cors_origins: tuple[str, ...] = (),
+) -> str:
     """The manifests as YAML; secure ones open with the commands that create their Secrets."""
-    text = yaml.safe_dump_all(manifests(topology, service_monitor, secure), sort_keys=False)
+    objects = manifests(topology, service_monitor, secure, cors_origins)
+    text = yaml.safe_dump_all(objects, sort_keys=False)
     if not secure:
         return text
     header = ["# TLS from Secrets this file only references; create them first:"]

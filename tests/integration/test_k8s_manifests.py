@@ -8,6 +8,8 @@ exec probe, and point the router's xDS client at the control plane over mTLS."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +203,23 @@ def test_the_certificates_the_commands_issue_name_what_clients_dial(tmp_path: Pa
             assert f"tier-{identity[5:]}" in dns  # the router dials xds:///tier-NAME
     in_cluster = cluster_topology(topology).control_plane.rpartition(":")[0]
     assert in_cluster in identities(topology)["control-plane"]
+
+
+def test_cors_origins_reach_the_gateway_and_a_bad_one_is_refused() -> None:
+    objects = _objects(cors_origins=("https://app.example", "*"))
+    for item in objects:
+        kubernetes_validate.validate(item, "1.37.0", strict=True)
+    command = _by(objects, "Deployment")["tiermesh-gateway"]["spec"]["template"]["spec"][
+        "containers"
+    ][0]["command"]
+    assert command[-4:] == ["--cors-origin", "https://app.example", "--cors-origin", "*"]
+    router = _by(objects, "Deployment")["tiermesh-router"]["spec"]["template"]["spec"]
+    assert "--cors-origin" not in router["containers"][0]["command"]
+    bad = subprocess.run(
+        [sys.executable, "-m", "services.cli", "mesh", "k8s", "--cors-origin", "app.example"],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "cors_origins[0]" in bad.stderr, bad.stderr
