@@ -6,13 +6,13 @@ Every error names the file and the field. Knows nothing of what the services do 
 from __future__ import annotations
 
 import dataclasses
-import re
 import tomllib
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from services.common.errors import ConfigError
 from services.common.tiers import TIER_NAMES
@@ -220,17 +220,31 @@ class GatewayConfig:
         _require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
         _require(bool(self.router), "router", "must be a gRPC target")
         for i, origin in enumerate(self.cors_origins):
-            _require(
-                origin == "*" or _ORIGIN.fullmatch(origin) is not None,
-                f"cors_origins[{i}]",
-                f"must be scheme://host[:port] (no path) or *, got {origin!r}",
-            )
+            problem = _origin_problem(origin)
+            _require(problem is None, f"cors_origins[{i}]", f"{problem}, got {origin!r}")
         _require(self.timeout_s > 0, "timeout_s", "must be > 0")
         _require(self.retry_after_s >= 0, "retry_after_s", "must be >= 0")
         _require(self.drain_grace_s >= 0, "drain_grace_s", "must be >= 0")
 
 
-_ORIGIN = re.compile(r"https?://[^/\s:]+(:\d{1,5})?")
+def _origin_problem(origin: str) -> str | None:
+    """None for `*` or an origin as browsers send it (http(s)://host[:port], lower case), else
+    what is wrong with it."""
+    if origin == "*":
+        return None
+    wanted = "must be http(s)://host[:port] as a browser sends it, or *"
+    try:
+        parts = urlsplit(origin)
+        port = parts.port  # raises past 65535
+    except ValueError:
+        return wanted
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return wanted
+    if parts.path or parts.query or parts.fragment or "@" in parts.netloc:
+        return f"{wanted} (no path, query or user)"
+    if port == 0 or origin != origin.lower():
+        return f"{wanted} (lower case, port 1-65535): browsers compare origins exactly"
+    return None
 
 
 def _require(ok: bool, name: str, message: str) -> None:

@@ -2,10 +2,12 @@
 around the whole gateway when the config names origins, nothing at all when it names none (the
 chat page is same-origin, and a request without CORS pays no per-request work).
 
-Preflights are answered for GET and POST with the headers a chat client sends (Authorization
-for API keys, Content-Type, the revisions opt-in header and W3C trace context); responses expose
-Retry-After, so a browser client can honour a 429's delay. No cookies are involved: credentials
-mode stays off, and `*` is allowed.
+Preflights are answered for GET and POST with whatever request headers the page asks for:
+OpenAI's own JavaScript SDK sends its `x-stainless-*` headers on every call besides
+Authorization (API keys), Content-Type, the revisions opt-in header and trace context, and a
+list would refuse its preflight. That is safe because no cookies are involved: credentials mode
+stays off (and `*` as an origin is allowed). Responses expose Retry-After, so a browser client
+can honour a 429's delay.
 """
 
 from __future__ import annotations
@@ -13,10 +15,8 @@ from __future__ import annotations
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
-from services.gateway.chat_endpoint import REVISIONS_HEADER
-
 ALLOWED_METHODS = ("GET", "POST")
-ALLOWED_HEADERS = ("authorization", "content-type", REVISIONS_HEADER, "traceparent", "tracestate")
+ALLOWED_HEADERS = ("*",)  # echoes the preflight's Access-Control-Request-Headers
 EXPOSED_HEADERS = ("retry-after",)
 PREFLIGHT_MAX_AGE_S = 600
 

@@ -27,7 +27,7 @@ from rich.console import Console
 
 from mesh.bootstrap import XdsTls
 from services.common import env
-from services.common.config import TierConfig, load_config
+from services.common.config import GatewayConfig, TierConfig, build_config, load_config
 from services.common.errors import ConfigError
 from services.common.tiers import TIER_NAMES
 from services.launcher.child_process import SERVICES_DIR
@@ -104,6 +104,7 @@ def plan_children(
         base_port, models, device, run_dir, mesh, http_port, replicas, xds_tls, echo, tier_nice
     )
     if cors_origins:
+        build_config(GatewayConfig, {"cors_origins": list(cors_origins)})  # the gateway's check
         gateway = next(child for child in children if child.name == "gateway")
         gateway.command += [a for origin in cors_origins for a in ("--cors-origin", origin)]
     if secure is not None:

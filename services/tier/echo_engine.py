@@ -23,7 +23,7 @@ from typing import Any
 from services.common.config import TierConfig
 from services.tier.engine import GenerationChunk
 from services.tier.engine_lifecycle import EngineLifecycle, ModelFootprint
-from services.tier.prepared_request import LENGTH, PreparedRequest, PromptFormat
+from services.tier.prepared_request import LENGTH, PreparedRequest, PromptFormat, held_back_text
 
 ECHO_WORDS = (
     "order",
@@ -122,6 +122,9 @@ class EchoEngine(EngineLifecycle):
             ids = echo_answer(
                 prepared.rendered_prompt_ids, done + prepared.max_tokens, prepared.sampling.seed
             )[done:]
+            # the text of the continued tokens the caller does not have yet comes first
+            assert self._prompt_format is not None
+            held = held_back_text(prepared, self._prompt_format) if done else ""
             await asyncio.sleep(self._ttft_s)
             first_at = time.perf_counter()
             sent = 0
@@ -135,9 +138,10 @@ class EchoEngine(EngineLifecycle):
                 if rid in self._aborted:
                     return
                 sent += len(chunk)
+                text, held = held + echo_text(chunk), ""
                 yield GenerationChunk(
                     tuple(chunk),
-                    echo_text(chunk),
+                    text,
                     (ECHO_LOGPROB,) * len(chunk),
                     LENGTH if sent == len(ids) else None,
                 )

@@ -145,6 +145,8 @@ class EngineLifecycle(ABC):
         self._completed += 1
         text = held_back_text(prepared, self._prompt_format)
         last = GenerationChunk((), text, (), finish_reason=LENGTH)
+        if prepared.sampling.stop:  # the held-back text may hold (the rest of) a stop sequence
+            last = StopSequences(prepared.sampling.stop).apply(last)
         return UsageMeter(len(prepared.prompt_ids), received).observe(last)
 
     def _named(self, chunk: GenerationChunk) -> GenerationChunk:

@@ -19,9 +19,11 @@ class StopSequences:
     """One stream's matcher; feed it every chunk in order with `apply`."""
 
     def __init__(self, stops: tuple[str, ...]) -> None:
-        self._stops = tuple(s for s in stops if s)
+        if not stops or not all(stops):
+            raise ValueError(f"stop sequences must be non-empty strings, got {stops!r}")
+        self._stops = stops
+        self._longest = max(len(s) for s in stops)
         self._held = ""  # text received but not passed on: it could start a stop sequence
-        self.stopped = False
 
     def apply(self, chunk: GenerationChunk) -> GenerationChunk:
         """The chunk as the caller sees it: its text cut at a stop sequence (then finished,
@@ -30,7 +32,7 @@ class StopSequences:
         text = self._held + chunk.text
         cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
         if cut >= 0:
-            self._held, self.stopped = "", True
+            self._held = ""
             return replace(chunk, text=text[:cut], finish_reason=STOP)
         if chunk.finish_reason is not None:
             self._held = ""
@@ -42,8 +44,7 @@ class StopSequences:
     def _possible_start(self, text: str) -> int:
         """Where the longest tail of `text` that begins some stop sequence starts (len(text)
         when none does)."""
-        longest = max(len(s) for s in self._stops) - 1
-        for start in range(max(0, len(text) - longest), len(text)):
+        for start in range(max(0, len(text) - self._longest + 1), len(text)):
             tail = text[start:]
             if any(s.startswith(tail) for s in self._stops):
                 return start

@@ -44,7 +44,8 @@ def preflight(url: str, origin: str) -> httpx.Response:
     headers = {
         "Origin": origin,
         "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "authorization, content-type",
+        # as OpenAI's JavaScript SDK sends them: its x-stainless-* headers besides the key
+        "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os",
     }
     return httpx.options(f"{url}/v1/chat/completions", headers=headers, timeout=10)
 
@@ -55,7 +56,9 @@ def test_a_preflight_from_a_configured_origin_is_granted(cors_url: str) -> None:
     assert answer.headers["access-control-allow-origin"] == APP
     assert "POST" in answer.headers["access-control-allow-methods"]
     allowed = answer.headers["access-control-allow-headers"].lower()
-    assert "authorization" in allowed and "content-type" in allowed
+    assert {"authorization", "content-type", "x-stainless-os"} <= {
+        h.strip() for h in allowed.split(",")
+    }
     assert answer.headers["access-control-max-age"] == "600"
 
 
@@ -88,14 +91,30 @@ def test_without_origins_there_is_no_cors_at_all(gateway: GatewayMesh) -> None:
     assert "access-control-allow-origin" not in plain.headers
 
 
-@pytest.mark.parametrize("origin", ["app.example", "https://app.example/path", "ftp://x", ""])
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "app.example",
+        "https://app.example/path",
+        "ftp://x",
+        "",
+        "https://App.Example",  # browsers send lower case, and origins are compared exactly
+        "https://app.example:99999",
+        "https://user@app.example",
+    ],
+)
 def test_a_malformed_origin_is_a_config_error(origin: str) -> None:
     with pytest.raises(ConfigError, match=r"cors_origins\[0\]"):
         build_config(GatewayConfig, {"cors_origins": [origin]})
+
+
+def test_origins_as_browsers_send_them_are_accepted() -> None:
+    origins = ["*", "https://app.example", "http://127.0.0.1:3000", "http://[::1]:8000"]
+    assert build_config(GatewayConfig, {"cors_origins": origins}).cors_origins == tuple(origins)
 
 
 def test_the_gateway_command_refuses_a_malformed_origin() -> None:
     command = [sys.executable, "-m", "services.gateway", "--port", "0", "--cors-origin", "app"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert "cors_origins[0]: must be scheme://host[:port]" in done.stderr
+    assert "cors_origins[0]: must be http(s)://host[:port]" in done.stderr

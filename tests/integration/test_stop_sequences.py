@@ -1,6 +1,8 @@
 """Stop sequences at a real tier (the built-in small model, greedy, streamed over gRPC): the
 answer ends just before the first stop sequence, finished by "stop", no chunk ever carries the
-stop sequence, and the tier stops generating there; bad stop lists are refused by field."""
+stop sequence, and the tier stops generating there; bad stop lists are refused by field. And an
+echo engine's continuations (another replica going on with a broken stream): the text held back
+before the break still reaches the caller, and is matched against the stop sequences too."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from tiermesh.client.status_details import parse_status_details
 from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
 
 from services.common.config import TierConfig, build_config
+from services.tier.echo_engine import EchoEngine, echo_answer, echo_text
+from services.tier.engine import GenerationRequest, Sampling
 from services.tier.server import TierServer, start_tier
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,3 +80,52 @@ async def test_bad_stop_lists_are_refused_by_field(
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     violations = parse_status_details(refused.value.trailing_metadata()).field_violations
     assert [name for name, _ in violations] == [field]
+
+
+async def _echo() -> EchoEngine:
+    config = {"name": "small", "engine": "echo", "model_path": "unused", "tokens_per_chunk": 1}
+    engine = EchoEngine(build_config(TierConfig, {**config, "echo_ttft_ms": 0.0}))
+    await engine.start()
+    return engine
+
+
+def _echo_request(
+    rid: str, stops: tuple[str, ...], ids: tuple[int, ...] = (), chars: int = 0, most: int = 12
+) -> GenerationRequest:
+    return GenerationRequest(
+        request_id=rid,
+        prompt="hello there",
+        max_tokens=most,
+        sampling=Sampling(stop=stops),
+        continue_ids=ids,
+        continue_chars=chars,
+    )
+
+
+async def test_a_continued_stream_gets_the_text_held_back_before_the_break() -> None:
+    """An echo tier's stream breaks after 4 tokens while it holds text back (it could begin the
+    stop sequence); another replica continues it: the caller ends with the whole answer."""
+    engine = await _echo()
+    whole = echo_text(echo_answer(tuple(b"hello there"), 12))
+    stop = " " + whole.split(" ")[4] + "ZZ"  # begins like the 4th word, never matches
+    got, ids = "", ()
+    async for chunk in engine.generate(_echo_request("a", (stop,))):
+        got, ids = got + chunk.text, ids + chunk.token_ids
+        if len(ids) == 4:
+            break  # the replica died here
+    assert len(got) < len(echo_text(list(ids)))  # the 4th word was held back
+    rest = [c.text async for c in engine.generate(_echo_request("b", (stop,), ids, len(got)))]
+    assert got + "".join(rest) == whole
+
+
+async def test_a_continuation_with_nothing_left_to_decode_still_cuts_at_the_stop() -> None:
+    """Every token was sent but the caller has the text of only the first 6 (the rest was held
+    back when the stream broke): the continuation has nothing to decode, and the text it
+    releases is matched against the stop sequences too."""
+    engine = await _echo()
+    ids = tuple(echo_answer(tuple(b"hello there"), 8))
+    words = echo_text(list(ids)).split(" ")  # ['', 'of', 'support', ...]
+    has = len(echo_text(list(ids[:6])))
+    request = _echo_request("b", (" " + words[7],), ids, has, most=8)
+    rest = [(c.text, c.finish_reason) async for c in engine.generate(request)]
+    assert rest == [("", "stop")]

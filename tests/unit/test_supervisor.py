@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from services.common.errors import ConfigError
 from services.launcher.local_mesh import Child, plan_children
 from services.launcher.run_options import TIER_NICE
 from services.launcher.supervisor import RestartPolicy, Supervisor, stop_in_order
@@ -232,3 +233,5 @@ def test_cors_origins_are_passed_to_the_gateway_only(tmp_path: Path) -> None:
     assert not any("--cors-origin" in command for command in commands.values())
     plain = plan_children(9000, models, None, tmp_path / "logs")
     assert "--cors-origin" not in next(c for c in plain if c.name == "gateway").command
+    with pytest.raises(ConfigError, match=r"cors_origins\[1\]"):  # before anything starts
+        plan_children(9000, models, None, tmp_path / "logs", cors_origins=("*", "app.example"))
