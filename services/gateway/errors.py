@@ -42,6 +42,11 @@ PARAMS = {
 }
 
 
+def openai_param(field: str) -> str:
+    """The OpenAI request field for a router field name (`sampling.stop[1]` -> `stop`)."""
+    return PARAMS.get(field) or PARAMS.get(re.sub(r"\[\d+\]$", "", field)) or field
+
+
 class GatewayError(Exception):
     """A request that fails with an HTTP status and an OpenAI error body."""
 
@@ -85,7 +90,7 @@ class GatewayError(Exception):
         """The error for a gRPC status (by name) the router answered with."""
         status = HTTP_STATUS.get(code, 500)
         match = _FIELD.match(message)
-        param = PARAMS.get(match.group(1), match.group(1)) if match and status == 400 else None
+        param = openai_param(match.group(1)) if match and status == 400 else None
         return cls(
             status,
             message or code,

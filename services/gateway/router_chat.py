@@ -23,7 +23,7 @@ from tiermesh.v1 import router_pb2, router_pb2_grpc
 
 from services.common.genai_conventions import error_type, genai_attributes, span_name
 from services.common.telemetry import tracer, tracing_on
-from services.gateway.errors import PARAMS, GatewayError
+from services.gateway.errors import GatewayError, openai_param
 
 TRACE_HEADERS = ("traceparent", "tracestate")
 EMPTY_CONTEXT = Context()  # no trace context to pass on
@@ -144,7 +144,7 @@ class RouterChat:
         gateway_error = GatewayError.from_status(status.code, status.message, retry_after)
         violations = status.details.field_violations
         if gateway_error.status == 400 and violations:
-            gateway_error.param = PARAMS.get(violations[0][0], violations[0][0])
+            gateway_error.param = openai_param(violations[0][0])
         return gateway_error
 
 

@@ -46,3 +46,10 @@ def test_bad_request_details_name_the_param() -> None:
     )
     error = error_for(status)
     assert (error.status, error.param) == (400, "temperature")
+
+
+def test_an_indexed_field_names_its_openai_param() -> None:
+    status = rich_status(
+        grpc.StatusCode.INVALID_ARGUMENT, "must be 1 to 128 characters", field="sampling.stop[1]"
+    )
+    assert error_for(status).param == "stop"
