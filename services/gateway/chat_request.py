@@ -13,8 +13,9 @@ from typing import Any
 from tiermesh.client.requests import MODES
 from tiermesh.v1 import common_pb2, router_pb2
 
+from services.common.errors import InvalidArgument
 from services.common.tiers import TIER_NAMES
-from services.common.validation import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
+from services.common.validation import check_sampling
 from services.gateway.errors import GatewayError, bad_request
 
 MODEL_PREFIX = "tiermesh-"
@@ -178,17 +179,17 @@ def _sampling(body: dict[str, Any]) -> common_pb2.SamplingParams:
 
 
 def _stop(value: Any) -> list[str]:
-    """OpenAI's `stop`: null, one string or a list of up to 4 (an empty string is none)."""
+    """OpenAI's `stop`: null, one string or a list of them (an empty string is none), within
+    the mesh's own limits (services.common.validation.check_sampling)."""
     if value is None or value == "":
         return []
     stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise bad_request("stop", f"must be a non-empty string or a list of them, got {value!r}")
-    if len(stops) > MAX_STOP_SEQUENCES:
-        raise bad_request("stop", f"at most {MAX_STOP_SEQUENCES} stop sequences, got {len(stops)}")
-    for text in stops:
-        if len(text) > MAX_STOP_CHARS:
-            raise bad_request("stop", f"each stop sequence is at most {MAX_STOP_CHARS} characters")
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad_request("stop", f"must be a string or a list of strings, got {value!r}")
+    try:
+        check_sampling(common_pb2.SamplingParams(stop=stops))
+    except InvalidArgument as e:
+        raise GatewayError(400, str(e), param="stop", code="invalid_value") from None
     return stops
 
 
