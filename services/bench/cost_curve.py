@@ -63,6 +63,13 @@ class CostOptions:
     max_tokens: int = 64
     timeout_s: float = 60.0
     prompts: Sequence[str] = ("Where is my order?",)
+    # the clients' first chats are spread evenly over this many seconds (None: the warm-up),
+    # so N clients do not start, and then keep arriving, as one burst of N chats
+    ramp_s: float | None = None
+
+    @property
+    def ramp(self) -> float:
+        return self.warmup_s if self.ramp_s is None else self.ramp_s
 
 
 @dataclass
@@ -160,9 +167,10 @@ def router_calls(
 async def closed_loop(
     call: StreamCall, clients: int, options: CostOptions, watched: Sequence[Process]
 ) -> tuple[list[Sample], Window]:
-    """`clients` clients, each starting its next chat when the last ends, for duration_s;
-    chats still running then are cancelled (their samples keep ended_s None, and their first
-    token if it came). CPU is read at warmup_s and at the end, RSS at the end."""
+    """`clients` clients, each starting its next chat when the last ends, for duration_s; client
+    i starts its first chat at i / clients of the ramp. Chats still running at the end are
+    cancelled (their samples keep ended_s None, and their first token if it came). CPU is read
+    at warmup_s and at the end, RSS at the end."""
     start = time.perf_counter()
     counter = itertools.count()
     samples: list[Sample] = []
@@ -175,7 +183,8 @@ async def closed_loop(
         values = {p.name: process_cpu_seconds(p.pid) if p.pid else None for p in watched}
         return {name: value for name, value in values.items() if value is not None}
 
-    async def client() -> None:
+    async def client(number: int) -> None:
+        await asyncio.sleep(options.ramp * number / clients)
         while (started := now()) < options.duration_s:
             sample = Sample(started)
             samples.append(sample)
@@ -189,7 +198,7 @@ async def closed_loop(
         window.cpu_start, window.client_start = cpu(), time.process_time()
 
     marker = asyncio.create_task(mark_start())
-    tasks = [asyncio.create_task(client()) for _ in range(clients)]
+    tasks = [asyncio.create_task(client(number)) for number in range(clients)]
     await asyncio.wait(tasks, timeout=options.duration_s)
     window.cpu_end, window.client_end = cpu(), time.process_time()
     for p in watched:
@@ -303,6 +312,7 @@ async def run_cost_curve(
         "routers": [r.name for r in mesh.routers],
         "duration_s": options.duration_s,
         "warmup_s": options.warmup_s,
+        "ramp_s": options.ramp,
         "max_tokens": options.max_tokens,
         "streams_per_channel": STREAMS_PER_CHANNEL,
         "cpu_time_source": "/proc/<pid>/stat utime+stime",

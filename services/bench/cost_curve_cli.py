@@ -48,6 +48,22 @@ def echo_settings(args: argparse.Namespace) -> EchoSettings | None:
     return EchoSettings(ttft_ms=args.echo_ttft_ms, tokens_per_s=args.echo_tokens_per_s)
 
 
+def ramp_seconds(args: argparse.Namespace, warmup_s: float, echo: EchoSettings | None) -> float:
+    """How long the clients' first chats are spread over: `--ramp`, else the warm-up, or one
+    echo chat's length when that is shorter (echo chats all last as long, so clients spread
+    over more than one chat would meet again in step)."""
+    if args.ramp is not None:
+        if not 0 <= args.ramp <= warmup_s:
+            raise CostCurveError(
+                f"--ramp must be in [0, --warmup = {warmup_s:g}], got {args.ramp:g}"
+            )
+        return float(args.ramp)
+    if echo is not None and echo.tokens_per_s > 0:
+        chat_s = echo.ttft_ms / 1000 + (args.max_tokens - 1) / echo.tokens_per_s
+        return float(min(warmup_s, chat_s))
+    return warmup_s
+
+
 def _another_router(router: Child, number: int, log_dir: Path) -> Child:
     """A copy of the planned router child on a free port, metrics off."""
     command = list(router.command)
@@ -139,15 +155,18 @@ def run_cost_curve_command(args: argparse.Namespace, console: Console) -> int:
     prompts = tuple(
         RequestSequence(dict.fromkeys(CLASSES, 1.0), args.seed)[i].prompt for i in range(64)
     )
-    options = CostOptions(
-        levels=levels,
-        duration_s=args.duration or 10.0,
-        warmup_s=2.0 if args.warmup is None else args.warmup,
-        max_tokens=args.max_tokens,
-        timeout_s=args.timeout,
-        prompts=prompts,
-    )
+    warmup_s = 2.0 if args.warmup is None else args.warmup
+    echo = echo_settings(args)
     try:
+        options = CostOptions(
+            levels=levels,
+            duration_s=args.duration or 10.0,
+            warmup_s=warmup_s,
+            max_tokens=args.max_tokens,
+            timeout_s=args.timeout,
+            prompts=prompts,
+            ramp_s=ramp_seconds(args, warmup_s, echo),
+        )
         max_inflight = 2 * max(levels) + 64
         with cost_mesh(args, args.cost_tier, args.routers, max_inflight, console) as mesh:
             report = asyncio.run(
@@ -157,7 +176,6 @@ def run_cost_curve_command(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[red]tiermesh bench sweep --cost-curve:[/red] {e}")
         return 2
     report["engine"] = args.engine
-    echo = echo_settings(args)
     report["echo"] = (
         None if echo is None else {"ttft_ms": echo.ttft_ms, "tokens_per_s": echo.tokens_per_s}
     )
@@ -180,7 +198,8 @@ def write_cost_curve(out: Path, report: Mapping[str, Any], table: TableSpec) -> 
     engine = report["engine"] if report["echo"] is None else f"echo {report['echo']}"
     context = [
         f"closed loop, {report['duration_s']:g} s per run with {report['warmup_s']:g} s "
-        f"warm-up, max_tokens {report['max_tokens']}, tiers: {engine}",
+        f"warm-up (the clients' first chats spread over its first {report['ramp_s']:g} s), "
+        f"max_tokens {report['max_tokens']}, tiers: {engine}",
         "overhead: router TTFT minus the direct tier's TTFT at the same level, same run",
     ]
     (out / "cost_curve.md").write_text(

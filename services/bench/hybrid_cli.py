@@ -174,6 +174,13 @@ def register_hybrid(bench: argparse.ArgumentParser, kinds: Any) -> None:
     curve.add_argument(
         "--routers", type=int, choices=range(1, 5), default=2, help="router processes (1-4)"
     )
+    curve.add_argument(
+        "--ramp",
+        type=float,
+        metavar="S",
+        help="seconds over which the clients' first chats are spread, at most --warmup "
+        "(default: the warm-up, or one echo chat's length when that is shorter)",
+    )
     sweep.add_argument(
         "--configs", type=plain_configuration_names, default=["single", "hybrid"], help="compared"
     )

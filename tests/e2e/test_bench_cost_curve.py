@@ -5,11 +5,12 @@ the files --out writes. (The numbers are for the benchmark, not the test.)"""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.run_process import json_command
+from tests.e2e.run_process import ROOT, TIERMESH, json_command
 
 
 @pytest.mark.timeout(400)
@@ -23,6 +24,8 @@ def test_cost_curve_with_echo_tiers_and_two_routers(tmp_path: Path) -> None:
     assert report["benchmark"] == "router_cost_curve"
     assert report["levels"] == [1, 4] and report["routers"] == ["router", "router-2"]
     assert report["engine"] == "echo" and report["tier"] == "small"
+    # the first chats are spread over one echo chat (2 ms + 7 tokens at 200/s), not the warm-up
+    assert report["ramp_s"] == pytest.approx(0.002 + 7 / 200)
     for row, clients in zip(report["rows"], (1, 4), strict=True):
         assert row["clients"] == clients
         assert row["direct"]["chats"] > 0 and row["direct"]["errors"] == {}
@@ -38,3 +41,10 @@ def test_cost_curve_with_echo_tiers_and_two_routers(tmp_path: Path) -> None:
     assert json.loads((out / "cost_curve.json").read_text())["levels"] == [1, 4]
     assert (out / "cost_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert "router TTFT minus the direct tier" in (out / "cost_curve.md").read_text()
+
+
+def test_a_ramp_longer_than_the_warmup_is_refused() -> None:
+    command = [*TIERMESH, "bench", "sweep", "--cost-curve", "--warmup", "2", "--ramp", "3"]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert "--ramp must be in [0, --warmup = 2], got 3" in run.stdout + run.stderr
