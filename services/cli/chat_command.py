@@ -63,6 +63,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,
         "stop": tuple(args.stop),
+        "top_logprobs": args.top_logprobs,
         "timeout": args.timeout,
     }
     telemetry = setup_telemetry("tiermesh-cli")
@@ -161,6 +162,13 @@ def register_chat(commands: Any) -> None:
         default=[],
         metavar="TEXT",
         help="a stop sequence: the answer ends just before it (repeat for up to 4)",
+    )
+    chat.add_argument(
+        "--top-logprobs",
+        type=int,
+        metavar="K",
+        help="each token's log-probability and the K (0-20) likeliest at its step, on the "
+        "--json delta lines (token_logprobs)",
     )
     chat.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
     add_client_security_flags(chat, "the router")

@@ -22,12 +22,14 @@ MAX_TEMPERATURE = 2.0
 MAX_TOP_K = 100_000  # past any vocabulary; bounds the top-k work
 MAX_STOP_SEQUENCES = 4  # as OpenAI's API allows
 MAX_STOP_CHARS = 128  # one stop sequence; bounds the text a tier holds back
+MAX_TOP_LOGPROBS = 20  # alternatives per token (OpenAI's limit)
 
 
 def check_sampling(params: common_pb2.SamplingParams) -> None:
     """temperature: 0 (greedy) or in [MIN_TEMPERATURE, MAX_TEMPERATURE]; top_p: 0 (unset, = 1)
     or in (0, 1]; top_k: 0 (off) up to MAX_TOP_K; stop: at most MAX_STOP_SEQUENCES strings of
-    1 to MAX_STOP_CHARS characters. NaN and infinities are out of every range."""
+    1 to MAX_STOP_CHARS characters; top_logprobs: unset or up to MAX_TOP_LOGPROBS. NaN and
+    infinities are out of every range."""
     temperature, top_p = params.temperature, params.top_p
     if temperature != 0.0 and not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
         raise InvalidArgument(
@@ -47,6 +49,10 @@ def check_sampling(params: common_pb2.SamplingParams) -> None:
             raise InvalidArgument(
                 f"sampling.stop[{i}]: must be 1 to {MAX_STOP_CHARS} characters, got {len(stop)}"
             )
+    if params.HasField("top_logprobs") and params.top_logprobs > MAX_TOP_LOGPROBS:
+        raise InvalidArgument(
+            f"sampling.top_logprobs: must be in [0, {MAX_TOP_LOGPROBS}], got {params.top_logprobs}"
+        )
 
 
 def check_request_id(request_id: str) -> None:

@@ -21,6 +21,7 @@ from tiermesh.client import (
     RevisionEndEvent,
     RevisionStartEvent,
     RouteEvent,
+    TokenLogprob,
 )
 
 
@@ -37,9 +38,15 @@ class PlainAnswer:
         self.live: int | None = None  # the revision streamed as it arrives
         self.sent = ""  # text released so far: always a prefix of the live revision's text
         self.texts: dict[int, str] = {}
+        # per revision, its tokens' entries (with top_logprobs) and where each one's text ends
+        self._entries: dict[int, list[tuple[int, TokenLogprob]]] = {}
+        self._next: dict[int, int] = {}  # per revision, its first entry not released
+        self._source: int | None = None  # the revision the released text last came from
+        self._released: list[TokenLogprob] = []
 
     def feed(self, event: Event) -> str:
-        """Text to release now for `event` (often empty)."""
+        """Text to release now for `event` (often empty); its tokens' entries, when the request
+        asked for them, are then in pop_entries()."""
         if isinstance(event, RouteEvent):
             self.planned = max(1, len(event.tiers))
         elif isinstance(event, RevisionStartEvent):
@@ -47,9 +54,11 @@ class PlainAnswer:
             if self._takes_over(event):
                 self.live = event.revision
         elif isinstance(event, DeltaEvent):
+            if event.token_logprobs:
+                self._add_entries(event)
             self.texts[event.revision] = self.texts.get(event.revision, "") + event.text
             if event.revision == self.live:
-                return self._release(self.texts[event.revision])
+                return self._release(self.texts[event.revision], event.revision)
         return ""
 
     def finish(self, final: FinalEvent) -> str:
@@ -60,19 +69,47 @@ class PlainAnswer:
                 f"{final.revision} by {final.tier} is the answer ({final.reason}); "
                 "retry, or opt in to revisions to see every one"
             )
-        return self._release(final.text)
+        return self._release(final.text, final.revision)
+
+    def pop_entries(self) -> list[TokenLogprob]:
+        """The entries of the tokens whose text was released since the last call: those of the
+        revision the text came from whose text ends in it."""
+        released, self._released = self._released, []
+        return released
+
+    def _add_entries(self, delta: DeltaEvent) -> None:
+        entries = self._entries.setdefault(delta.revision, [])
+        end = entries[-1][0] if entries else 0
+        for entry in delta.token_logprobs:
+            end += len(entry.text)
+            entries.append((end, entry))
 
     def _takes_over(self, start: RevisionStartEvent) -> bool:
         if self.live is None:
             return not self.sent and start.revision >= self.planned - 1
         return start.replaces == self.live and start.kept_prefix_chars >= len(self.sent)
 
-    def _release(self, text: str) -> str:
+    def _release(self, text: str, revision: int) -> str:
         if len(text) <= len(self.sent) or not text.startswith(self.sent):
             return ""
-        new = text[len(self.sent) :]
+        start, new = len(self.sent), text[len(self.sent) :]
         self.sent = text
+        if self._entries:
+            self._release_entries(revision, start, len(text))
         return new
+
+    def _release_entries(self, revision: int, start: int, end: int) -> None:
+        """Releases `revision`'s entries whose text ends by `end`; when its text takes over
+        from another revision's at `start`, not those that text already covered."""
+        entries, i = self._entries.get(revision, []), self._next.get(revision, 0)
+        if revision != self._source:
+            while start and i < len(entries) and entries[i][0] <= start:
+                i += 1
+            self._source = revision
+        while i < len(entries) and entries[i][0] <= end:
+            self._released.append(entries[i][1])
+            i += 1
+        self._next[revision] = i
 
     def _live_name(self) -> str:
         return f"revision {self.live}" if self.live is not None else "none"
@@ -86,6 +123,7 @@ class RevisionTracker:
         self.route: RouteEvent | None = None
         self.starts: dict[int, RevisionStartEvent] = {}
         self.finish_reasons: dict[int, str] = {}
+        self.entries: dict[int, list[TokenLogprob]] = {}  # with top_logprobs, per revision
 
     def feed(self, event: Event) -> None:
         if isinstance(event, RouteEvent):
@@ -94,6 +132,16 @@ class RevisionTracker:
             self.starts[event.revision] = event
         elif isinstance(event, RevisionEndEvent):
             self.finish_reasons[event.revision] = event.finish_reason
+        elif isinstance(event, DeltaEvent) and event.token_logprobs:
+            self.entries.setdefault(event.revision, []).extend(event.token_logprobs)
+
+    def answer_entries(self, final: FinalEvent) -> list[TokenLogprob]:
+        """The answer's tokens' entries, without the empty ones that end it (the
+        end-of-sequence token, whose text is nothing)."""
+        entries = list(self.entries.get(final.revision, ()))
+        while entries and not entries[-1].text:
+            entries.pop()
+        return entries
 
     def finish_reason(self, final: FinalEvent) -> str:
         """OpenAI's finish_reason of the answer: "length" or "stop"."""

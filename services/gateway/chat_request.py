@@ -15,7 +15,7 @@ from tiermesh.v1 import common_pb2, router_pb2
 
 from services.common.errors import InvalidArgument
 from services.common.tiers import TIER_NAMES
-from services.common.validation import check_sampling
+from services.common.validation import MAX_TOP_LOGPROBS, check_sampling
 from services.gateway.errors import GatewayError, bad_request
 
 MODEL_PREFIX = "tiermesh-"
@@ -32,8 +32,6 @@ NEUTRAL_ONLY: tuple[tuple[str, tuple[Any, ...]], ...] = (
     ("n", (None, 1)),
     ("presence_penalty", (None, 0, 0.0)),
     ("frequency_penalty", (None, 0, 0.0)),
-    ("logprobs", (None, False)),
-    ("top_logprobs", (None, 0)),
     ("logit_bias", (None, {})),
     ("tools", (None, [])),
     ("functions", (None, [])),
@@ -54,6 +52,7 @@ class ChatCompletionRequest:
     include_usage: bool
     revisions: bool  # the client opted in to every revision (the `tiermesh` object)
     user: str
+    logprobs: bool = False  # each token's log-probability (and top_logprobs) in the choices
 
 
 def parse_chat_request(body: Any, *, revisions_header: bool = False) -> ChatCompletionRequest:
@@ -87,6 +86,10 @@ def parse_chat_request(body: Any, *, revisions_header: bool = False) -> ChatComp
     max_tokens = _max_tokens(body)
     if max_tokens is not None:
         request.max_tokens = max_tokens
+    logprobs = _bool(body, "logprobs")
+    top = _top_logprobs(body, logprobs)
+    if logprobs:
+        request.sampling.top_logprobs = top
     extension = body.get("tiermesh")
     if extension is not None and not isinstance(extension, dict):
         raise bad_request("tiermesh", 'must be an object such as {"revisions": true}')
@@ -94,7 +97,24 @@ def parse_chat_request(body: Any, *, revisions_header: bool = False) -> ChatComp
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise bad_request("user", "must be a string")
-    return ChatCompletionRequest(model, mode, request, stream, include_usage, revisions, user or "")
+    return ChatCompletionRequest(
+        model, mode, request, stream, include_usage, revisions, user or "", logprobs
+    )
+
+
+def _top_logprobs(body: dict[str, Any], logprobs: bool) -> int:
+    """OpenAI's `top_logprobs`: 0 to MAX_TOP_LOGPROBS alternatives per token, only with
+    `logprobs: true`."""
+    value = body.get("top_logprobs")
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise bad_request(
+            "top_logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {value!r}"
+        )
+    if not logprobs:
+        raise bad_request("top_logprobs", "needs logprobs: true")
+    return value
 
 
 def _bool(body: dict[str, Any], name: str, param: str | None = None) -> bool:

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from tiermesh.client import DeltaEvent, Event, FinalEvent, RevisionStartEvent
+from tiermesh.client import DeltaEvent, Event, FinalEvent, RevisionStartEvent, TokenLogprob
 
 from services.gateway.answer_stream import AnswerReplaced, PlainAnswer, RevisionTracker
 from services.gateway.chat_request import ChatCompletionRequest
@@ -41,7 +41,8 @@ async def complete(
     metrics.duration.labels(request.model, "false").observe(time.perf_counter() - started)
     metrics.completion_tokens.labels(request.model).inc(usage(final)["completion_tokens"])
     extra = tracker.final_fields(final) if request.revisions else None
-    return completion(request.model, final, tracker.finish_reason(final), extra)
+    entries = tracker.answer_entries(final) if request.logprobs else None
+    return completion(request.model, final, tracker.finish_reason(final), extra, entries)
 
 
 async def stream(
@@ -112,6 +113,10 @@ class _StreamRelay:
         self.tracker.feed(event)
         if self.request.revisions:
             chunks = [sse(chunk) for chunk in self._revision_chunks(event)]
+        elif self.request.logprobs:
+            text = self.plain.feed(event)
+            entries = self.plain.pop_entries()
+            chunks = [sse(self._content(text, logprobs=entries))] if text or entries else []
         else:
             text = self.plain.feed(event)
             chunks = [self._plain_content(text)] if text else []
@@ -122,16 +127,19 @@ class _StreamRelay:
     def _revision_chunks(self, event: Event) -> list[dict[str, Any]]:
         if isinstance(event, RevisionStartEvent):
             return [self._content("", self.tracker.revision_fields(event.revision))]
-        if isinstance(event, DeltaEvent) and event.text:
-            return [self._content(event.text, self.tracker.revision_fields(event.revision))]
+        if isinstance(event, DeltaEvent) and (event.text or event.token_logprobs):
+            entries = list(event.token_logprobs) if self.request.logprobs else None
+            fields = self.tracker.revision_fields(event.revision)
+            return [self._content(event.text, fields, entries)]
         return []
 
     def _final_chunks(self, final: FinalEvent) -> list[dict[str, Any]]:
         chunks = []
         if not self.request.revisions:
             rest = self.plain.finish(final)
-            if rest:
-                chunks.append(self._content(rest))
+            entries = self.plain.pop_entries() if self.request.logprobs else None
+            if rest or entries:
+                chunks.append(self._content(rest, logprobs=entries))
         extra = self.tracker.final_fields(final) if self.request.revisions else None
         reason = self.tracker.finish_reason(final)
         chunks.append(
@@ -155,8 +163,16 @@ class _StreamRelay:
             self.first_content = True
             self.metrics.time_to_first_content.labels(self.request.model).observe(self.elapsed_s())
 
-    def _content(self, text: str, tiermesh: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _content(
+        self,
+        text: str,
+        tiermesh: dict[str, Any] | None = None,
+        logprobs: list[TokenLogprob] | None = None,
+    ) -> dict[str, Any]:
         self._observe_first(text)
         return self.writer.chunk(
-            {"content": text}, tiermesh=tiermesh, with_usage_field=self.include_usage
+            {"content": text},
+            tiermesh=tiermesh,
+            with_usage_field=self.include_usage,
+            logprobs=logprobs,
         )

@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Any
 
-from tiermesh.client import FinalEvent
+from tiermesh.client import FinalEvent, TokenLogprob
 
 DONE = b"data: [DONE]\n\n"
 # one encoder for every event: json.dumps with a non-default argument builds one per call
@@ -67,14 +67,21 @@ class ChunkWriter:
         finish_reason: str | None = None,
         tiermesh: dict[str, Any] | None = None,
         with_usage_field: bool = False,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> dict[str, Any]:
+        """One chunk; `logprobs` (the request asked for them): its tokens' entries."""
         payload: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
             "choices": [
-                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+                {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": None if logprobs is None else logprobs_field(logprobs),
+                    "finish_reason": finish_reason,
+                }
             ],
         }
         if with_usage_field:
@@ -101,10 +108,35 @@ class ChunkWriter:
         }
 
 
+def logprobs_field(entries: list[TokenLogprob]) -> dict[str, Any]:
+    """OpenAI's `logprobs` of a choice: each token's text, log-probability, UTF-8 bytes and
+    its step's most likely tokens."""
+    return {
+        "content": [
+            {
+                "token": e.text,
+                "logprob": e.logprob,
+                "bytes": list(e.text.encode()),
+                "top_logprobs": [
+                    {"token": t.text, "logprob": t.logprob, "bytes": list(t.text.encode())}
+                    for t in e.top
+                ],
+            }
+            for e in entries
+        ],
+        "refusal": None,
+    }
+
+
 def completion(
-    model: str, final: FinalEvent, finish_reason: str, tiermesh: dict[str, Any] | None
+    model: str,
+    final: FinalEvent,
+    finish_reason: str,
+    tiermesh: dict[str, Any] | None,
+    logprobs: list[TokenLogprob] | None = None,
 ) -> dict[str, Any]:
-    """The non-streamed `chat.completion` whose message is the answer."""
+    """The non-streamed `chat.completion` whose message is the answer; `logprobs` (the
+    request asked for them): its tokens' entries."""
     body: dict[str, Any] = {
         "id": completion_id(),
         "object": "chat.completion",
@@ -114,7 +146,7 @@ def completion(
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": final.text},
-                "logprobs": None,
+                "logprobs": None if logprobs is None else logprobs_field(logprobs),
                 "finish_reason": finish_reason,
             }
         ],

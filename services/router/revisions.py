@@ -52,18 +52,30 @@ def revision_start(
 
 
 def delta(revision: int, text: str, chunks: list[tier_pb2.GenerateChunk]) -> router_pb2.ChatEvent:
-    """One Delta of the chunks' tokens; a single chunk's are copied once, into the message."""
+    """One Delta of the chunks' tokens (and per-token entries, when asked for); a single
+    chunk's are copied once, into the message."""
     if len(chunks) == 1:
         only = chunks[0]
         return router_pb2.ChatEvent(
             delta=router_pb2.Delta(
-                revision=revision, text=text, token_ids=only.token_ids, logprobs=only.logprobs
+                revision=revision,
+                text=text,
+                token_ids=only.token_ids,
+                logprobs=only.logprobs,
+                token_logprobs=only.token_logprobs or None,
             )
         )
     token_ids = [t for chunk in chunks for t in chunk.token_ids]
     logprobs = [p for chunk in chunks for p in chunk.logprobs]
+    entries = [e for chunk in chunks for e in chunk.token_logprobs]
     return router_pb2.ChatEvent(
-        delta=router_pb2.Delta(revision=revision, text=text, token_ids=token_ids, logprobs=logprobs)
+        delta=router_pb2.Delta(
+            revision=revision,
+            text=text,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            token_logprobs=entries or None,
+        )
     )
 
 

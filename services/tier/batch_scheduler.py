@@ -26,7 +26,7 @@ import torch
 
 from services.common.errors import TiermeshError
 from services.tier.chunking import ChunkAssembler, ChunkSink
-from services.tier.decode import NonFiniteLogits, choose_token
+from services.tier.decode import NonFiniteLogits, choose_token_with_top, most_likely
 from services.tier.kv_pool import KvCachePool
 from services.tier.model_loading import LoadedModel
 from services.tier.pooled_models import PooledPasses
@@ -268,6 +268,7 @@ class BatchScheduler:
         finite = torch.isfinite(logits).all(dim=-1).tolist()  # (B,)
         best: list[int] = []
         chosen: list[float] = []
+        logprobs: torch.Tensor | None = None
         if any(s.prepared.sampling.greedy for s in sequences):  # one pass for the greedy rows
             logprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, V)
             top = logprobs.argmax(dim=-1)  # (B,)
@@ -283,24 +284,35 @@ class BatchScheduler:
                 self._fail(sequence, error)
                 continue
             try:
-                if sequence.prepared.sampling.greedy:
+                sampling = sequence.prepared.sampling
+                alternatives: tuple[tuple[int, float], ...] = ()
+                if sampling.greedy:
                     token, logprob = best[row], chosen[row]
+                    if sampling.top_logprobs and logprobs is not None:
+                        alternatives = most_likely(logprobs[row], sampling.top_logprobs)
                 else:
-                    token, logprob = choose_token(
+                    token, logprob, alternatives = choose_token_with_top(
                         logits[row],
-                        sequence.prepared.sampling,
+                        sampling,
                         sequence.generator,
+                        sampling.top_logprobs or 0,
                         known_finite=True,  # checked for the whole batch above
                     )
-                self._record(sequence, token, logprob)
+                self._record(sequence, token, logprob, alternatives)
             except Exception as e:
                 log.exception("request %s failed", sequence.prepared.request_id)
                 self._fail(sequence, RequestFailed(f"choosing or decoding its token: {e!r}"))
 
-    def _record(self, sequence: Sequence, token: int, logprob: float) -> None:
+    def _record(
+        self,
+        sequence: Sequence,
+        token: int,
+        logprob: float,
+        top: tuple[tuple[int, float], ...] = (),
+    ) -> None:
         sequence.generated += 1
         finish = sequence.prepared.finish_after(token, sequence.generated)
-        chunk = sequence.chunks.add(token, logprob, finish)
+        chunk = sequence.chunks.add(token, logprob, finish, top)
         if chunk is not None:
             sequence.sink.put(chunk)
         if finish is not None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from services.tier.engine import GenerationChunk
-from services.tier.tokenizer_loading import IncrementalDetokenizer
+from services.tier.engine import GenerationChunk, TokenLogprob, TopLogprob
+from services.tier.tokenizer_loading import IncrementalDetokenizer, decode_text
 
 
 class ChunkSink(Protocol):
@@ -34,26 +34,53 @@ class ChunkAssembler:
         per_chunk: int,
         continued: tuple[int, ...] = (),
         continued_chars: int = 0,
+        detailed: bool = False,
     ) -> None:
         """`continued`: answer tokens streamed before this stream (by another replica), of
         whose text the reader has `continued_chars` characters: the text after those comes
-        first."""
+        first. `detailed`: each chunk also carries a TokenLogprob per token (the caller asked
+        for sampling.top_logprobs), each token's text decoded as it comes."""
+        self._tokenizer = tokenizer
         self._detok = IncrementalDetokenizer(tokenizer, continued, continued_chars)
         self._per_chunk = per_chunk
+        self._detailed = detailed
         self._ids: list[int] = []
         self._logprobs: list[float] = []
+        self._entries: list[TokenLogprob] = []
         self._sent_first = False
 
-    def add(self, token: int, logprob: float, finish: str | None) -> GenerationChunk | None:
-        """Adds one token; returns a chunk when one is due. `finish` marks the last token.
+    def add(
+        self,
+        token: int,
+        logprob: float,
+        finish: str | None,
+        top: tuple[tuple[int, float], ...] = (),
+    ) -> GenerationChunk | None:
+        """Adds one token (with the most likely tokens at its step, when detailed); returns a
+        chunk when one is due. `finish` marks the last token.
 
         The chunk carries no usage: the engine lifecycle adds it on the last chunk.
         """
         self._ids.append(token)
         self._logprobs.append(logprob)
+        if self._detailed:
+            piece = self._detok.add([token], final=finish is not None)
+            alternatives = tuple(
+                TopLogprob(i, decode_text(self._tokenizer, [i]), lp) for i, lp in top
+            )
+            self._entries.append(TokenLogprob(piece, logprob, alternatives))
         if finish is None and self._sent_first and len(self._ids) < self._per_chunk:
             return None
-        text = self._detok.add(self._ids, final=finish is not None)
-        chunk = GenerationChunk(tuple(self._ids), text, tuple(self._logprobs), finish)
-        self._ids, self._logprobs, self._sent_first = [], [], True
+        if self._detailed:
+            text = "".join(e.text for e in self._entries)
+        else:
+            text = self._detok.add(self._ids, final=finish is not None)
+        chunk = GenerationChunk(
+            tuple(self._ids),
+            text,
+            tuple(self._logprobs),
+            finish,
+            token_logprobs=tuple(self._entries),
+        )
+        self._ids, self._logprobs, self._entries, self._sent_first = [], [], [], True
         return chunk

@@ -14,7 +14,18 @@ import torch
 from services.common.errors import InvalidArgument
 from services.tier.engine import Sampling
 
-__all__ = ["NonFiniteLogits", "Sampling", "choose_token", "decode_tokens"]
+__all__ = [
+    "NonFiniteLogits",
+    "Sampling",
+    "choose_token",
+    "choose_token_with_top",
+    "decode_steps",
+    "decode_tokens",
+    "most_likely",
+]
+
+# the k most likely tokens at a step: (token id, log-prob), most likely first
+Alternatives = tuple[tuple[int, float], ...]
 
 
 class NonFiniteLogits(InvalidArgument):
@@ -36,12 +47,36 @@ def choose_token(
     confidence reads the same whatever the sampling settings. Raises NonFiniteLogits when any
     logit is inf or NaN, unless the caller says it checked already (`known_finite`).
     """
+    token, logprob, _ = choose_token_with_top(
+        logits, sampling, generator, 0, known_finite=known_finite
+    )
+    return token, logprob
+
+
+def most_likely(logprobs: torch.Tensor, k: int) -> Alternatives:
+    """The k most likely tokens of one position's log-probabilities (V,), most likely first."""
+    if k <= 0:
+        return ()
+    values, ids = torch.topk(logprobs, min(k, logprobs.shape[-1]))
+    return tuple(zip(ids.tolist(), values.tolist(), strict=True))
+
+
+def choose_token_with_top(
+    logits: torch.Tensor,
+    sampling: Sampling,
+    generator: torch.Generator | None,
+    top: int,
+    *,
+    known_finite: bool = False,
+) -> tuple[int, float, Alternatives]:
+    """choose_token, and the `top` most likely tokens at this position (most_likely)."""
     if not known_finite and not bool(torch.isfinite(logits).all()):
         raise NonFiniteLogits("non-finite logits (this request overflows the model)")
     logprobs = torch.log_softmax(logits.float(), dim=-1)  # (V,)
+    alternatives = most_likely(logprobs, top)
     if sampling.greedy:
         token = int(torch.argmax(logprobs).item())
-        return token, float(logprobs[token].item())
+        return token, float(logprobs[token].item()), alternatives
     scores = logits.float() / sampling.temperature  # (V,)
     if sampling.top_k > 0:
         kth = torch.topk(scores, min(sampling.top_k, scores.shape[-1])).values[-1]
@@ -53,7 +88,7 @@ def choose_token(
         scores = scores.scatter(0, order, sorted_scores.masked_fill(drop, float("-inf")))
     probs = torch.softmax(scores, dim=-1)
     token = int(torch.multinomial(probs, 1, generator=generator).item())
-    return token, float(logprobs[token].item())
+    return token, float(logprobs[token].item()), alternatives
 
 
 def decode_tokens(
@@ -65,7 +100,32 @@ def decode_tokens(
     eos_token_ids: frozenset[int],
     should_stop: Callable[[], bool] = lambda: False,
 ) -> Iterator[tuple[int, float]]:
-    """Yields (token_id, log-prob) for up to max_new_tokens new tokens after prompt_ids.
+    """Yields (token_id, log-prob) for up to max_new_tokens new tokens after prompt_ids
+    (decode_steps without the alternatives)."""
+    steps = decode_steps(
+        model,
+        prompt_ids,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        eos_token_ids=eos_token_ids,
+        should_stop=should_stop,
+    )
+    for token, logprob, _ in steps:
+        yield token, logprob
+
+
+def decode_steps(
+    model: Any,
+    prompt_ids: list[int],
+    *,
+    max_new_tokens: int,
+    sampling: Sampling,
+    eos_token_ids: frozenset[int],
+    should_stop: Callable[[], bool] = lambda: False,
+    top: int = 0,
+) -> Iterator[tuple[int, float, Alternatives]]:
+    """Yields (token_id, log-prob, the `top` most likely tokens) for up to max_new_tokens new
+    tokens after prompt_ids.
 
     Steps: one prefill forward over the whole prompt, then one forward per new token that feeds
     only that token and reuses the KV cache. Stops after an end-of-sequence token (which is
@@ -86,8 +146,9 @@ def decode_tokens(
                 return
             out = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
             cache = out.cache
-            token, logprob = choose_token(out.logits[0, -1], sampling, generator)  # logits (V,)
-            yield token, logprob
+            logits = out.logits[0, -1]  # (V,)
+            token, logprob, alternatives = choose_token_with_top(logits, sampling, generator, top)
+            yield token, logprob, alternatives
             if token in eos_token_ids:
                 return
             input_ids = torch.tensor([[token]], dtype=torch.long, device=device)  # (1, 1)

@@ -21,7 +21,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from services.common.config import TierConfig
-from services.tier.engine import GenerationChunk
+from services.tier.engine import GenerationChunk, TokenLogprob, TopLogprob
 from services.tier.engine_lifecycle import EngineLifecycle, ModelFootprint
 from services.tier.prepared_request import LENGTH, PreparedRequest, PromptFormat, held_back_text
 
@@ -94,6 +94,18 @@ def echo_text(token_ids: list[int] | tuple[int, ...]) -> str:
     return "".join(f" {ECHO_WORDS[i - WORD_BASE]}" for i in token_ids)
 
 
+def echo_token_logprobs(token_ids: list[int], held: str, top: int) -> tuple[TokenLogprob, ...]:
+    """Per-token detail of echo tokens: each word's text (the first after `held`, text of
+    earlier tokens not streamed yet), ECHO_LOGPROB, and as the only likely token itself (an
+    echo answer has no alternatives)."""
+    entries = []
+    for n, token in enumerate(token_ids):
+        word = echo_text([token])
+        alone = (TopLogprob(token, word, ECHO_LOGPROB),) if top > 0 else ()
+        entries.append(TokenLogprob(held + word if n == 0 else word, ECHO_LOGPROB, alone))
+    return tuple(entries)
+
+
 def _seed(prompt_ids: tuple[int, ...], seed: int | None) -> int:
     return zlib.crc32(bytes(prompt_ids)) ^ ((seed or 0) * 0x9E3779B1 & 0xFFFFFFFF)
 
@@ -125,6 +137,7 @@ class EchoEngine(EngineLifecycle):
             # the text of the continued tokens the caller does not have yet comes first
             assert self._prompt_format is not None
             held = held_back_text(prepared, self._prompt_format) if done else ""
+            top = prepared.sampling.top_logprobs
             await asyncio.sleep(self._ttft_s)
             first_at = time.perf_counter()
             sent = 0
@@ -138,12 +151,14 @@ class EchoEngine(EngineLifecycle):
                 if rid in self._aborted:
                     return
                 sent += len(chunk)
+                entries = echo_token_logprobs(chunk, held, top) if top is not None else ()
                 text, held = held + echo_text(chunk), ""
                 yield GenerationChunk(
                     tuple(chunk),
                     text,
                     (ECHO_LOGPROB,) * len(chunk),
                     LENGTH if sent == len(ids) else None,
+                    token_logprobs=entries,
                 )
         finally:
             self._running.discard(rid)

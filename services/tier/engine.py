@@ -22,6 +22,8 @@ class Sampling:
     top_k: int = 0  # keep the k most likely tokens; 0 = off
     seed: int | None = None  # seeds the sampler for reproducible output; None = unseeded
     stop: tuple[str, ...] = ()  # stop sequences: the text ends before the first (stop_sequences)
+    # per-token detail (TokenLogprob on each chunk) with this many alternatives; None = none
+    top_logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -53,6 +55,26 @@ class GenerationUsage:
 
 
 @dataclass(frozen=True)
+class TopLogprob:
+    """One of the most likely tokens at a step: its id, its text alone, its log-probability."""
+
+    token_id: int
+    text: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token for a caller that asked for per-token detail: the text it adds to
+    the stream (empty inside a split character), its log-probability, and the most likely
+    tokens at its step, most likely first."""
+
+    text: str
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
 class GenerationChunk:
     """Tokens produced since the previous chunk. The last chunk has finish_reason and usage."""
 
@@ -65,6 +87,8 @@ class GenerationChunk:
     # token and on the last chunk: a stream that began before a model swap names the old model
     model: str = ""
     model_fingerprint: str = ""  # with model: its checkpoint's fingerprint ("" if none)
+    # with sampling.top_logprobs: the tokens whose text ends in this chunk, in order
+    token_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

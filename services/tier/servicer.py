@@ -25,7 +25,13 @@ from services.common.validation import (
     conversation,
 )
 from services.tier.admin_servicer import swap_to_proto
-from services.tier.engine import Engine, GenerationRequest, GenerationUsage, Sampling
+from services.tier.engine import (
+    Engine,
+    GenerationRequest,
+    GenerationUsage,
+    Sampling,
+    TokenLogprob,
+)
 from services.tier.model_swap import SwapRecord
 from services.tier.startup_record import StartupRecord
 from services.tier.tier_telemetry import TierTelemetry
@@ -43,7 +49,24 @@ def sampling_from_proto(params: common_pb2.SamplingParams) -> Sampling:
         top_k=params.top_k,
         seed=params.seed or None,
         stop=tuple(params.stop),
+        top_logprobs=params.top_logprobs if params.HasField("top_logprobs") else None,
     )
+
+
+def token_logprobs_to_proto(
+    entries: tuple[TokenLogprob, ...],
+) -> list[common_pb2.TokenLogprob]:
+    return [
+        common_pb2.TokenLogprob(
+            text=e.text,
+            logprob=e.logprob,
+            top=[
+                common_pb2.TopLogprob(token_id=t.token_id, text=t.text, logprob=t.logprob)
+                for t in e.top
+            ],
+        )
+        for e in entries
+    ]
 
 
 def usage_to_proto(usage: GenerationUsage) -> common_pb2.Usage:
@@ -130,6 +153,9 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
                         usage=usage_to_proto(chunk.usage) if chunk.usage else None,
                         model=self._model_id(answering) if chunk.model else "",
                         model_fingerprint=chunk.model_fingerprint,  # set with model
+                        token_logprobs=token_logprobs_to_proto(chunk.token_logprobs)
+                        if chunk.token_logprobs
+                        else None,
                     )
         except TiermeshError as e:
             status, message = e.status, str(e)

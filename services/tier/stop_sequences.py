@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.tier.engine import GenerationChunk
+from services.tier.engine import GenerationChunk, TokenLogprob
 from services.tier.prepared_request import STOP
 
 
@@ -24,22 +24,56 @@ class StopSequences:
         self._stops = stops
         self._longest = max(len(s) for s in stops)
         self._held = ""  # text received but not passed on: it could start a stop sequence
+        # per-token entries (TokenLogprob) whose text is not all passed on, and how many
+        # characters of the first one's text were
+        self._entries: list[TokenLogprob] = []
+        self._lead = 0
 
     def apply(self, chunk: GenerationChunk) -> GenerationChunk:
         """The chunk as the caller sees it: its text cut at a stop sequence (then finished,
         "stop") or short of a possible one's start; at the stream's own end, with what was
-        held back. Token ids and logprobs are left as they are."""
+        held back. Token ids and logprobs are left as they are; per-token entries follow the
+        text passed on (an entry goes with the chunk that passes the end of its text; at a
+        stop, the entry it cuts keeps its text before the stop and later ones are dropped)."""
         text = self._held + chunk.text
+        self._entries.extend(chunk.token_logprobs)
         cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
         if cut >= 0:
             self._held = ""
-            return replace(chunk, text=text[:cut], finish_reason=STOP)
+            entries = self._release(cut, at_stop=True)
+            return replace(chunk, text=text[:cut], finish_reason=STOP, token_logprobs=entries)
         if chunk.finish_reason is not None:
             self._held = ""
-            return replace(chunk, text=text)
+            entries, self._entries, self._lead = tuple(self._entries), [], 0
+            return replace(chunk, text=text, token_logprobs=entries)
         keep = self._possible_start(text)
         self._held = text[keep:]
-        return replace(chunk, text=text[:keep])
+        return replace(chunk, text=text[:keep], token_logprobs=self._release(keep))
+
+    def _release(self, passed: int, at_stop: bool = False) -> tuple[TokenLogprob, ...]:
+        """The pending entries to send once `passed` more characters of text are passed on:
+        those whose text ends within them (at a stop: those that begin before it, the last
+        cut there, and no others)."""
+        upto = self._lead + passed  # in the pending entries' text
+        released: list[TokenLogprob] = []
+        start = 0
+        while self._entries:
+            entry = self._entries[0]
+            end = start + len(entry.text)
+            if at_stop:
+                if start >= upto:
+                    break
+                if end > upto:
+                    entry = replace(entry, text=entry.text[: max(0, upto - start)])
+            elif end > upto:
+                break
+            released.append(entry)
+            self._entries.pop(0)
+            start = end
+        self._lead = upto - start
+        if at_stop:
+            self._entries, self._lead = [], 0
+        return tuple(released)
 
     def _possible_start(self, text: str) -> int:
         """Where the longest tail of `text` that begins some stop sequence starts (len(text)

@@ -27,7 +27,7 @@ from services.common.errors import Overloaded
 from services.tier.batch_scheduler import BatchScheduler, Sequence
 from services.tier.chunk_channel import ChunkChannel
 from services.tier.chunking import ChunkAssembler, ChunkSink
-from services.tier.decode import decode_tokens
+from services.tier.decode import decode_steps
 from services.tier.engine import GenerationChunk
 from services.tier.engine_lifecycle import EngineLifecycle, ModelFootprint
 from services.tier.kv_pool import KvCachePool, PoolFull
@@ -155,6 +155,7 @@ class TorchEngine(EngineLifecycle):
             prepared.tokens_per_chunk,
             prepared.continued,
             prepared.continued_chars,
+            detailed=prepared.sampling.top_logprobs is not None,
         )
         released: asyncio.Future[None] | None = None
         if self._scheduler is not None:
@@ -205,16 +206,17 @@ class TorchEngine(EngineLifecycle):
         """Runs on a worker thread: decodes one request with its own KV cache."""
         try:
             assert self._loaded is not None
-            steps = decode_tokens(
+            steps = decode_steps(
                 self._loaded.model,
                 list(prepared.prompt_ids),
                 max_new_tokens=prepared.max_tokens,
                 sampling=prepared.sampling,
                 eos_token_ids=prepared.eos_token_ids,
                 should_stop=stop.is_set,
+                top=prepared.sampling.top_logprobs or 0,
             )
-            for count, (token, logprob) in enumerate(steps, start=1):
-                chunk = chunks.add(token, logprob, prepared.finish_after(token, count))
+            for count, (token, logprob, top) in enumerate(steps, start=1):
+                chunk = chunks.add(token, logprob, prepared.finish_after(token, count), top)
                 if chunk is not None:
                     sink.put(chunk)
             sink.close()

@@ -113,6 +113,13 @@ def test_run_then_chat_json_then_sigterm(mesh_process) -> None:
     assert cut[-1]["text"] == whole[: whole.find(stop)], (whole, stop)
     assert [e["finish_reason"] for e in cut if e["type"] == "revision_end"] == ["stop"]
 
+    # --top-logprobs: the delta lines list their tokens, whose texts make the answer
+    listed = chat_json(router, *pinned, "--top-logprobs", "2")
+    deltas = [e for e in listed if e["type"] == "delta"]
+    tokens = [t for d in deltas for t in d["token_logprobs"]]
+    assert "".join(t["text"] for t in tokens) == listed[-1]["text"] == whole
+    assert all(len(t["top"]) == 2 and t["logprob"] <= 0 for t in tokens)
+
     bad = subprocess.run(
         [*TIERMESH, "chat", "--router", router, "--json", "--max-tokens", "0", "hi"],
         cwd=ROOT,

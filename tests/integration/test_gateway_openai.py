@@ -124,6 +124,9 @@ def test_revisions_opt_in_through_extra_body(gateway: GatewayMesh) -> None:
         ({"stop": [""]}, "stop"),
         ({"stop": 3}, "stop"),
         ({"n": 2}, "n"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),  # needs logprobs: true
+        ({"logprobs": "yes"}, "logprobs"),
     ],
 )
 def test_bad_request_is_a_400_naming_the_field(
@@ -173,3 +176,65 @@ def test_stop_sequences_end_the_answer_before_them(gateway: GatewayMesh, model: 
     text, chunks = streamed_text(gateway, model, max_tokens=24, stop=stop)
     assert text == expected
     assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("model", ["tiermesh-small", "tiermesh-progressive"])
+def test_logprobs_give_each_token_of_the_answer(gateway: GatewayMesh, model: str) -> None:
+    answer = client(gateway).chat.completions.create(
+        model=model, messages=PROMPT, max_tokens=16, logprobs=True, top_logprobs=3
+    )
+    choice = answer.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.content
+    tokens = choice.logprobs.content
+    assert "".join(t.token for t in tokens) == choice.message.content
+    for token in tokens:
+        assert token.logprob <= 0.0
+        assert token.bytes == list(token.token.encode())
+        assert len(token.top_logprobs) == 3
+        chances = [t.logprob for t in token.top_logprobs]
+        assert chances == sorted(chances, reverse=True)
+        assert token.logprob <= chances[0] + 1e-5  # greedy: the chosen token is the likeliest
+        assert token.logprob == pytest.approx(chances[0], abs=1e-5)
+    # streamed: each chunk lists the tokens of its text; together the same answer, token for
+    # token
+    text, chunks = streamed_text(gateway, model, max_tokens=16, logprobs=True, top_logprobs=3)
+    streamed = [
+        t
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.content
+    ]
+    assert text == choice.message.content
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in tokens]
+    for chunk in chunks:
+        if chunk.choices and chunk.choices[0].delta.content:
+            listed = chunk.choices[0].logprobs
+            assert listed is not None
+            assert "".join(t.token for t in listed.content) == chunk.choices[0].delta.content
+
+
+def test_no_logprobs_unless_asked_and_none_on_top_when_zero(gateway: GatewayMesh) -> None:
+    plain = client(gateway).chat.completions.create(
+        model="tiermesh-small", messages=PROMPT, max_tokens=8
+    )
+    assert plain.choices[0].logprobs is None
+    bare = client(gateway).chat.completions.create(
+        model="tiermesh-small", messages=PROMPT, max_tokens=8, logprobs=True
+    )
+    tokens = bare.choices[0].logprobs.content
+    assert "".join(t.token for t in tokens) == bare.choices[0].message.content
+    assert all(t.top_logprobs == [] for t in tokens)
+
+
+def test_logprobs_follow_a_stop_sequence(gateway: GatewayMesh) -> None:
+    whole = client(gateway).chat.completions.create(
+        model="tiermesh-small", messages=PROMPT, max_tokens=24
+    )
+    full = whole.choices[0].message.content or ""
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    answer = client(gateway).chat.completions.create(
+        model="tiermesh-small", messages=PROMPT, max_tokens=24, stop=stop, logprobs=True
+    )
+    content = answer.choices[0].message.content
+    assert content == full[: full.find(stop)]
+    assert "".join(t.token for t in answer.choices[0].logprobs.content) == content

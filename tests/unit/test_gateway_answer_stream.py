@@ -9,6 +9,7 @@ from tiermesh.client import (
     RevisionEndEvent,
     RevisionStartEvent,
     RouteEvent,
+    TokenLogprob,
 )
 
 from services.gateway.answer_stream import AnswerReplaced, PlainAnswer
@@ -67,3 +68,40 @@ def test_a_failed_streamed_revision_whose_answer_differs_raises() -> None:
     feed(answer, revision(1, "large", "Refin", end="error"))
     with pytest.raises(AnswerReplaced, match="revision 0"):
         answer.finish(final(0, "Draft"))
+
+
+def tokens(n: int, *parts: tuple[str, ...]) -> list:
+    """A revision's deltas, each a tuple of token texts, with their entries (logprob = -i)."""
+    count = iter(range(100))
+    return [
+        DeltaEvent(n, "".join(part), (), tuple(TokenLogprob(t, -next(count)) for t in part))
+        for part in parts
+    ]
+
+
+def test_entries_go_out_with_the_text_they_make() -> None:
+    answer = PlainAnswer()
+    answer.feed(route("medium"))
+    answer.feed(RevisionStartEvent(0, "medium", None, 0))
+    released = []
+    # a token inside a split character (""), alone in its delta, goes with the next text
+    for delta in tokens(0, ("He", "llo"), ("",), ("é", "!"), ("",)):
+        answer.feed(delta)
+        released.append([e.text for e in answer.pop_entries()])
+    assert released == [["He", "llo"], [], ["", "é", "!"], []]
+    assert answer.finish(final(0, "Helloé!")) == ""
+    assert answer.pop_entries() == []  # the empty end-of-sequence token is not listed
+
+
+def test_a_takeover_lists_only_the_new_revisions_tokens_past_the_sent_text() -> None:
+    answer = PlainAnswer()
+    answer.feed(route("medium"))
+    answer.feed(RevisionStartEvent(0, "medium", None, 0))
+    for delta in tokens(0, ("Hello", " wo")):
+        answer.feed(delta)
+    assert [e.text for e in answer.pop_entries()] == ["Hello", " wo"]
+    answer.feed(RevisionEndEvent(0, "error", {}, ""))
+    answer.feed(RevisionStartEvent(1, "large", 0, 8))
+    sent = "".join(answer.feed(d) for d in tokens(1, ("Hel", "lo", " wo"), ("rld",)))
+    assert sent == "rld"
+    assert [e.text for e in answer.pop_entries()] == ["rld"]

@@ -4,7 +4,7 @@ ends on its own gets what was held back."""
 
 from __future__ import annotations
 
-from services.tier.engine import GenerationChunk
+from services.tier.engine import GenerationChunk, TokenLogprob
 from services.tier.stop_sequences import StopSequences
 
 
@@ -48,3 +48,55 @@ def test_the_earliest_of_several_stop_sequences_cuts() -> None:
 def test_without_a_match_the_text_is_unchanged() -> None:
     pieces = ["You can ", "return it."]
     assert streamed(("zzz",), pieces) == [("You can ", None), ("return it.", "length")]
+
+
+def entry_stream(
+    stops: tuple[str, ...], tokens: list[list[str]]
+) -> list[tuple[str, list[str], str | None]]:
+    """Chunks of per-token texts: (text, entry texts, finish) of each chunk passed on."""
+    matcher = StopSequences(stops)
+    out = []
+    for i, pieces in enumerate(tokens):
+        finish = "length" if i == len(tokens) - 1 else None
+        entries = tuple(TokenLogprob(p, -0.5) for p in pieces)
+        chunk = GenerationChunk(
+            tuple(range(len(pieces))),
+            "".join(pieces),
+            (-0.5,) * len(pieces),
+            finish,
+            token_logprobs=entries,
+        )
+        passed = matcher.apply(chunk)
+        out.append((passed.text, [e.text for e in passed.token_logprobs], passed.finish_reason))
+        if passed.finish_reason is not None:
+            break
+    return out
+
+
+def test_token_entries_follow_the_text_passed_on() -> None:
+    # " ite" could begin " items": held back, and its tokens' entries with it
+    assert entry_stream((" items!",), [["a", " ite"], ["m", " here"], ["."]]) == [
+        ("a", ["a"], None),
+        (" item here", [" ite", "m", " here"], None),
+        (".", ["."], "length"),
+    ]
+
+
+def test_a_token_straddling_a_stop_keeps_its_text_before_it() -> None:
+    assert entry_stream(("30",), [["You", " within 3"], ["0 days", "."]]) == [
+        ("You within ", ["You"], None),  # "3" may start "30": " within 3" waits for its end
+        ("", [" within "], "stop"),  # cut at the stop; "0 days" and "." never sent
+    ]
+
+
+def test_a_token_that_begins_with_the_stop_is_not_sent() -> None:
+    assert entry_stream(("30",), [["a", " b", "30"], ["x"]]) == [("a b", ["a", " b"], "stop")]
+
+
+def test_an_empty_token_goes_with_the_text_around_it() -> None:
+    # a token that ends inside a character adds nothing; it goes with its neighbours
+    assert entry_stream(("zz",), [["a", ""], ["é", "b"], ["c"]]) == [
+        ("a", ["a", ""], None),
+        ("éb", ["é", "b"], None),
+        ("c", ["c"], "length"),
+    ]

@@ -19,6 +19,8 @@ from tiermesh.client.events import (
     RevisionEndEvent,
     RevisionStartEvent,
     RouteEvent,
+    TokenLogprob,
+    TopLogprob,
     event_from_proto,
     event_to_json,
 )
@@ -42,6 +44,8 @@ __all__ = [
     "RevisionStartEvent",
     "RouteEvent",
     "RouterClient",
+    "TokenLogprob",
+    "TopLogprob",
     "build_request",
     "event_from_proto",
     "event_to_json",

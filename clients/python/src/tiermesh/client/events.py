@@ -43,12 +43,34 @@ class RevisionStartEvent:
 
 
 @dataclass(frozen=True)
+class TopLogprob:
+    """One of the most likely tokens at a step: its id, its text alone, its log-probability."""
+
+    token_id: int
+    text: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token (with `top_logprobs` asked for): the text it adds (the texts of a
+    revision's tokens make its text), its log-probability, the most likely tokens at its step."""
+
+    text: str
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
 class DeltaEvent:
-    """More text of a revision: a revision's text is the concatenation of its deltas."""
+    """More text of a revision: a revision's text is the concatenation of its deltas.
+    `token_logprobs`: the tokens whose text ends in this delta, when the request asked for
+    `top_logprobs` (else empty)."""
 
     revision: int
     text: str
     token_ids: tuple[int, ...]
+    token_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -163,7 +185,13 @@ def event_from_proto(event: router_pb2.ChatEvent) -> Event:
         return RevisionStartEvent(s.revision, s.tier, replaces, s.kept_prefix_chars)
     if kind == "delta":
         d = event.delta
-        return DeltaEvent(d.revision, d.text, tuple(d.token_ids))
+        entries = tuple(
+            TokenLogprob(
+                e.text, e.logprob, tuple(TopLogprob(t.token_id, t.text, t.logprob) for t in e.top)
+            )
+            for e in d.token_logprobs
+        )
+        return DeltaEvent(d.revision, d.text, tuple(d.token_ids), entries)
     if kind == "revision_end":
         e = event.revision_end
         return RevisionEndEvent(e.revision, e.finish_reason, _usage(e.usage), e.error)
@@ -187,6 +215,19 @@ def event_from_proto(event: router_pb2.ChatEvent) -> Event:
 def event_to_json(event: Event, t_ms: float) -> dict[str, Any]:
     """The `tiermesh chat --json` form of an event: {"type", "t_ms", ...its fields}."""
     fields = dict(event.__dict__)
+    if isinstance(event, DeltaEvent):
+        entries = fields.pop("token_logprobs")
+        if entries:  # only when asked for: other lines keep their shape
+            fields["token_logprobs"] = [token_logprob_to_json(e) for e in entries]
     if isinstance(event, DeltaEvent | RouteEvent):
         fields = {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
     return {"type": EVENT_TYPES[type(event)], "t_ms": round(t_ms, 3), **fields}
+
+
+def token_logprob_to_json(entry: TokenLogprob) -> dict[str, Any]:
+    """{"text", "logprob", "top": [{"token_id", "text", "logprob"}, ...]}."""
+    return {
+        "text": entry.text,
+        "logprob": entry.logprob,
+        "top": [{"token_id": t.token_id, "text": t.text, "logprob": t.logprob} for t in entry.top],
+    }

@@ -24,6 +24,7 @@ def build_request(
     request_id: str = "",
     temperature: float = 0.0,
     stop: Sequence[str] = (),
+    top_logprobs: int | None = None,
     draft_tier: str = "",
     refine_tier: str = "",
     progressive_gate: str = "",
@@ -31,8 +32,10 @@ def build_request(
     """A ChatRequest: a single `prompt` or `messages` as (role, content) pairs; `mode` one of
     MODES; `tier` for pinned mode; `max_tokens` None for the router's default; `temperature`
     0 for greedy decoding; `stop` up to 4 stop sequences (each answer ends just before the
-    first it would contain); `progressive_gate` always, race or cascade (empty: the router's).
-    The router validates the rest and answers INVALID_ARGUMENT."""
+    first it would contain); `top_logprobs` (0-20) for every token's text and log-probability
+    with that many of the most likely tokens at each step, on each DeltaEvent
+    (`token_logprobs`); `progressive_gate` always, race or cascade (empty: the router's). The
+    router validates the rest and answers INVALID_ARGUMENT."""
     if mode not in MODES:
         raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
     if isinstance(stop, str):  # one stop sequence, not one per character
@@ -50,4 +53,6 @@ def build_request(
     )
     if max_tokens is not None:
         request.max_tokens = max_tokens
+    if top_logprobs is not None:
+        request.sampling.top_logprobs = top_logprobs
     return request
