@@ -69,7 +69,11 @@ class PlainAnswer:
                 f"{final.revision} by {final.tier} is the answer ({final.reason}); "
                 "retry, or opt in to revisions to see every one"
             )
-        return self._release(final.text, final.revision)
+        start = len(self.sent)
+        rest = self._release(final.text, final.revision)
+        if self._entries:  # and the answer's tokens after its text, if any (end of sequence)
+            self._release_entries(final.revision, start, len(final.text))
+        return rest
 
     def pop_entries(self) -> list[TokenLogprob]:
         """The entries of the tokens whose text was released since the last call: those of the
@@ -136,12 +140,8 @@ class RevisionTracker:
             self.entries.setdefault(event.revision, []).extend(event.token_logprobs)
 
     def answer_entries(self, final: FinalEvent) -> list[TokenLogprob]:
-        """The answer's tokens' entries, without the empty ones that end it (the
-        end-of-sequence token, whose text is nothing)."""
-        entries = list(self.entries.get(final.revision, ()))
-        while entries and not entries[-1].text:
-            entries.pop()
-        return entries
+        """The entries of the answer's tokens."""
+        return list(self.entries.get(final.revision, ()))
 
     def finish_reason(self, final: FinalEvent) -> str:
         """OpenAI's finish_reason of the answer: "length" or "stop"."""
