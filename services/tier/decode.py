@@ -20,7 +20,6 @@ __all__ = [
     "choose_token",
     "choose_token_with_top",
     "decode_steps",
-    "decode_tokens",
     "most_likely",
 ]
 
@@ -89,29 +88,6 @@ def choose_token_with_top(
     probs = torch.softmax(scores, dim=-1)
     token = int(torch.multinomial(probs, 1, generator=generator).item())
     return token, float(logprobs[token].item()), alternatives
-
-
-def decode_tokens(
-    model: Any,
-    prompt_ids: list[int],
-    *,
-    max_new_tokens: int,
-    sampling: Sampling,
-    eos_token_ids: frozenset[int],
-    should_stop: Callable[[], bool] = lambda: False,
-) -> Iterator[tuple[int, float]]:
-    """Yields (token_id, log-prob) for up to max_new_tokens new tokens after prompt_ids
-    (decode_steps without the alternatives)."""
-    steps = decode_steps(
-        model,
-        prompt_ids,
-        max_new_tokens=max_new_tokens,
-        sampling=sampling,
-        eos_token_ids=eos_token_ids,
-        should_stop=should_stop,
-    )
-    for token, logprob, _ in steps:
-        yield token, logprob
 
 
 def decode_steps(

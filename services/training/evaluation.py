@@ -1,7 +1,7 @@
 """Evaluates a tier's checkpoint on a workload split exactly as serving runs it.
 
 Loads with services.tier.model_loading, renders prompts with tokenizer_loading.render_prompt and
-decodes greedily with services.tier.decode.decode_tokens at batch 1; reports accuracy per class on
+decodes greedily with services.tier.decode.decode_steps at batch 1; reports accuracy per class on
 seen and on unseen (held-out) phrasings apart, decode speed, time to first token, parameters and
 checkpoint size. Knows nothing of training.
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.tier.decode import Sampling, decode_tokens
+from services.tier.decode import Sampling, decode_steps
 from services.tier.model_loading import LoadedModel, load_causal_lm
 from services.tier.tokenizer_loading import render_prompt
 from services.workload import CLASSES, WorkloadItem, score
@@ -75,7 +75,7 @@ def complete(loaded: LoadedModel, prompt: str, max_new_tokens: int = MAX_NEW_TOK
     start = time.perf_counter()
     first = start
     ids: list[int] = []
-    for token, _ in decode_tokens(
+    for token, _, _ in decode_steps(
         loaded.model,
         prompt_ids,
         max_new_tokens=max_new_tokens,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from services.common.config import TierConfig
-from services.tier.decode import decode_tokens
+from services.tier.decode import decode_steps
 from services.tier.engine import GenerationRequest, Sampling
 from services.tier.kv_pool import KvCachePool
 from services.tier.model_loading import load_causal_lm
@@ -117,11 +117,11 @@ async def test_a_burst_is_prefilled_together_and_answers_as_alone(model_dir: Pat
     assert scheduler.prefills < len(PROMPTS)  # some prompts shared a prefill pass
     loaded = load_causal_lm(model_dir)
     for request, tokens in zip(requests, results, strict=True):
-        alone = decode_tokens(
+        alone = decode_steps(
             loaded.model,
             encode_prompt(loaded.tokenizer, request.prompt),
             max_new_tokens=request.max_tokens,
             sampling=Sampling(),
             eos_token_ids=loaded.eos_token_ids,
         )
-        assert tokens == [t for t, _ in alone], request.prompt
+        assert tokens == [t for t, _, _ in alone], request.prompt

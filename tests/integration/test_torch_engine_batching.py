@@ -11,7 +11,7 @@ import pytest
 
 from services.common.config import TierConfig
 from services.common.errors import Overloaded
-from services.tier.decode import decode_tokens
+from services.tier.decode import decode_steps
 from services.tier.engine import GenerationRequest, Sampling
 from services.tier.model_loading import load_causal_lm
 from services.tier.tokenizer_loading import encode_prompt
@@ -54,7 +54,7 @@ async def test_batched_greedy_output_equals_batch_one(tiny_model_dir: Path) -> N
     for request, (tokens, finish) in zip(requests, results, strict=True):
         alone = [
             t
-            for t, _ in decode_tokens(
+            for t, _, _ in decode_steps(
                 loaded.model,
                 encode_prompt(loaded.tokenizer, request.prompt),
                 max_new_tokens=request.max_tokens,

@@ -9,7 +9,7 @@ import contextlib
 from pathlib import Path
 
 from services.common.config import TierConfig
-from services.tier.decode import decode_tokens
+from services.tier.decode import decode_steps
 from services.tier.engine import GenerationChunk, GenerationRequest, Sampling
 from services.tier.model_loading import load_causal_lm
 from services.tier.tokenizer_loading import encode_prompt
@@ -45,7 +45,7 @@ async def test_sequential_output_equals_the_decode_loop(tiny_model_dir: Path) ->
         prompt = encode_prompt(loaded.tokenizer, request.prompt)
         alone = [
             t
-            for t, _ in decode_tokens(
+            for t, _, _ in decode_steps(
                 loaded.model,
                 prompt,
                 max_new_tokens=request.max_tokens,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.tier.decode import NonFiniteLogits, choose_token, decode_tokens
+from services.tier.decode import NonFiniteLogits, choose_token, decode_steps
 from services.tier.engine import Sampling
 from services.tier.model_loading import load_causal_lm
 from services.tier.tokenizer_loading import IncrementalDetokenizer, encode_prompt
@@ -18,7 +18,7 @@ def test_greedy_decode_matches_generate(tiny_model_dir: Path) -> None:
     prompt = encode_prompt(loaded.tokenizer, "user: What is your return policy?\nassistant:")
     ours = [
         token
-        for token, _ in decode_tokens(
+        for token, _, _ in decode_steps(
             loaded.model,
             prompt,
             max_new_tokens=20,
@@ -42,12 +42,12 @@ def test_logprobs_are_log_probabilities(tiny_model_dir: Path) -> None:
     loaded = load_causal_lm(tiny_model_dir)
     prompt = encode_prompt(loaded.tokenizer, "Hello")
     steps = list(
-        decode_tokens(
+        decode_steps(
             loaded.model, prompt, max_new_tokens=5, sampling=Sampling(), eos_token_ids=frozenset()
         )
     )
     assert len(steps) == 5
-    assert all(logprob <= 0.0 for _, logprob in steps)
+    assert all(logprob <= 0.0 for _, logprob, _ in steps)
 
 
 def test_seeded_sampling_is_reproducible_and_stop_is_honoured(tiny_model_dir: Path) -> None:
@@ -56,14 +56,14 @@ def test_seeded_sampling_is_reproducible_and_stop_is_honoured(tiny_model_dir: Pa
     sampling = Sampling(temperature=1.0, top_p=0.9, top_k=50, seed=3)
 
     def run() -> list[int]:
-        steps = decode_tokens(
+        steps = decode_steps(
             loaded.model, prompt, max_new_tokens=12, sampling=sampling, eos_token_ids=frozenset()
         )
-        return [token for token, _ in steps]
+        return [token for token, _, _ in steps]
 
     assert run() == run()
     calls = iter(range(100))
-    stopped = decode_tokens(
+    stopped = decode_steps(
         loaded.model,
         prompt,
         max_new_tokens=12,
