@@ -7,10 +7,26 @@ Runs on decode threads; knows the detokenizer, nothing of models, torch, asyncio
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Protocol
 
 from services.tier.engine import GenerationChunk, TokenLogprob, TopLogprob
 from services.tier.tokenizer_loading import IncrementalDetokenizer, decode_text
+
+# each tokenizer's texts of single tokens, as the alternatives of per-token detail name them: at
+# most one entry per token of its vocabulary, gone with the tokenizer (a swapped-out model's)
+_TOKEN_TEXTS: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
+
+
+def token_text(tokenizer: Any, token_id: int) -> str:
+    """One token decoded on its own (cached per tokenizer)."""
+    texts = _TOKEN_TEXTS.get(tokenizer)
+    if texts is None:
+        texts = _TOKEN_TEXTS.setdefault(tokenizer, {})
+    text = texts.get(token_id)
+    if text is None:
+        text = texts[token_id] = decode_text(tokenizer, [token_id])
+    return text
 
 
 class ChunkSink(Protocol):
@@ -65,9 +81,7 @@ class ChunkAssembler:
         self._logprobs.append(logprob)
         if self._detailed:
             piece = self._detok.add([token], final=finish is not None)
-            alternatives = tuple(
-                TopLogprob(i, decode_text(self._tokenizer, [i]), lp) for i, lp in top
-            )
+            alternatives = tuple(TopLogprob(i, token_text(self._tokenizer, i), lp) for i, lp in top)
             self._entries.append(TokenLogprob(piece, logprob, alternatives))
         if finish is None and self._sent_first and len(self._ids) < self._per_chunk:
             return None

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from services.common.config import TierConfig
-from services.common.errors import ConfigError
-from services.tier.engine import GenerationRequest
+from services.common.errors import ConfigError, InvalidArgument
+from services.tier.engine import GenerationRequest, Sampling
 from services.tier.factory import create_engine
 from services.tier.tensorrt_llm_engine import TensorRtLlmApi, TensorRtLlmEngine
 from services.tier.tokenizer_loading import encode_prompt
@@ -81,3 +81,16 @@ async def test_choosing_it_without_the_package_is_a_clear_start_error(tiny_model
     engine = create_engine(_config(tiny_model_dir))
     with pytest.raises(ConfigError, match="needs the tensorrt_llm package"):
         await engine.start()
+
+
+async def test_per_token_detail_is_refused_with_a_reason(tiny_model_dir: Path) -> None:
+    engine = TensorRtLlmEngine(_config(tiny_model_dir), FAKE_API)
+    await engine.start()
+    request = GenerationRequest(
+        request_id="lp", prompt="Hi", max_tokens=4, sampling=Sampling(top_logprobs=2)
+    )
+    with pytest.raises(InvalidArgument, match=r"sampling\.top_logprobs: per-token detail"):
+        async for _ in engine.generate(request):
+            pass
+    assert engine.load().running == 0  # its admission slot is free again
+    await engine.shutdown()
