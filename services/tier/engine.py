@@ -12,10 +12,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-# per-token detail (sampling.top_logprobs): the SDK's plain types, the same on both sides
-from tiermesh.client.events import TokenLogprob as TokenLogprob
-from tiermesh.client.events import TopLogprob as TopLogprob
-
 
 @dataclass(frozen=True)
 class Sampling:
@@ -56,6 +52,27 @@ class GenerationUsage:
     queue_ms: float  # waiting for a running slot
     ttft_ms: float  # from generate() being called to the first token
     total_ms: float  # from generate() being called to the last token
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    """One of the most likely tokens at a step: its id, its text alone, its log-probability.
+    (The SDK's tiermesh.client.TopLogprob has the same fields; engines stay free of gRPC.)"""
+
+    token_id: int
+    text: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token for a caller that asked for per-token detail: the text it adds to
+    the stream (empty inside a split character), its log-probability, and the most likely
+    tokens at its step, most likely first."""
+
+    text: str
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
