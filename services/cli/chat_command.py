@@ -13,6 +13,7 @@ from services.cli.client_flags import add_client_security_flags
 from services.common import env
 from services.common.parent_watch import stop_with_parent
 from services.common.tiers import TIER_NAMES
+from services.common.validation import MAX_TOP_LOGPROBS
 from services.launcher.run_options import (
     TIER_NICE,
     model_overrides,
@@ -165,7 +166,7 @@ def register_chat(commands: Any) -> None:
     )
     chat.add_argument(
         "--top-logprobs",
-        type=int,
+        type=_top_logprobs,
         metavar="K",
         help="each token's log-probability and the K (0-20) likeliest at its step, on the "
         "--json delta lines (token_logprobs)",
@@ -173,3 +174,13 @@ def register_chat(commands: Any) -> None:
     chat.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
     add_client_security_flags(chat, "the router")
     chat.set_defaults(func=cmd_chat)
+
+
+def _top_logprobs(value: str) -> int:
+    try:
+        k = int(value)
+    except ValueError:
+        k = -1
+    if not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, {MAX_TOP_LOGPROBS}]")
+    return k

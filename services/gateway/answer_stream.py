@@ -12,6 +12,7 @@ Pure: events in, text and dicts out; no I/O.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from tiermesh.client import (
@@ -42,6 +43,7 @@ class PlainAnswer:
         self._entries: dict[int, list[tuple[int, TokenLogprob]]] = {}
         self._next: dict[int, int] = {}  # per revision, its first entry not released
         self._source: int | None = None  # the revision the released text last came from
+        self._covered = 0  # characters of the answer the released entries' texts make
         self._released: list[TokenLogprob] = []
 
     def feed(self, event: Event) -> str:
@@ -69,10 +71,9 @@ class PlainAnswer:
                 f"{final.revision} by {final.tier} is the answer ({final.reason}); "
                 "retry, or opt in to revisions to see every one"
             )
-        start = len(self.sent)
         rest = self._release(final.text, final.revision)
         if self._entries:  # and the answer's tokens after its text, if any (end of sequence)
-            self._release_entries(final.revision, start, len(final.text))
+            self._release_entries(final.revision, len(final.text))
         return rest
 
     def pop_entries(self) -> list[TokenLogprob]:
@@ -96,22 +97,28 @@ class PlainAnswer:
     def _release(self, text: str, revision: int) -> str:
         if len(text) <= len(self.sent) or not text.startswith(self.sent):
             return ""
-        start, new = len(self.sent), text[len(self.sent) :]
+        new = text[len(self.sent) :]
         self.sent = text
         if self._entries:
-            self._release_entries(revision, start, len(text))
+            self._release_entries(revision, len(text))
         return new
 
-    def _release_entries(self, revision: int, start: int, end: int) -> None:
+    def _release_entries(self, revision: int, end: int) -> None:
         """Releases `revision`'s entries whose text ends by `end`; when its text takes over
-        from another revision's at `start`, not those that text already covered."""
+        from another revision's, not those the released entries already cover, and the one
+        that straddles their end only with its text past it (token boundaries may differ)."""
         entries, i = self._entries.get(revision, []), self._next.get(revision, 0)
         if revision != self._source:
-            while start and i < len(entries) and entries[i][0] <= start:
+            while self._covered and i < len(entries) and entries[i][0] <= self._covered:
                 i += 1
             self._source = revision
         while i < len(entries) and entries[i][0] <= end:
-            self._released.append(entries[i][1])
+            entry_end, entry = entries[i]
+            skip = self._covered - (entry_end - len(entry.text))
+            if skip > 0:
+                entry = replace(entry, text=entry.text[skip:])
+            self._released.append(entry)
+            self._covered = max(self._covered, entry_end)
             i += 1
         self._next[revision] = i
 

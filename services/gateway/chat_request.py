@@ -103,8 +103,8 @@ def parse_chat_request(body: Any, *, revisions_header: bool = False) -> ChatComp
 
 
 def _top_logprobs(body: dict[str, Any], logprobs: bool) -> int:
-    """OpenAI's `top_logprobs`: 0 to MAX_TOP_LOGPROBS alternatives per token, only with
-    `logprobs: true`."""
+    """OpenAI's `top_logprobs`: 0 to MAX_TOP_LOGPROBS alternatives per token; more than 0 only
+    with `logprobs: true`."""
     value = body.get("top_logprobs")
     if value is None:
         return 0
@@ -112,7 +112,7 @@ def _top_logprobs(body: dict[str, Any], logprobs: bool) -> int:
         raise bad_request(
             "top_logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {value!r}"
         )
-    if not logprobs:
+    if value and not logprobs:
         raise bad_request("top_logprobs", "needs logprobs: true")
     return value
 

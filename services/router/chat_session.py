@@ -138,6 +138,8 @@ class ChatSession:
         if broken is not None:
             request.continue_token_ids.extend(broken.token_ids)
             request.continue_text_chars = len(broken.text)
+            if request.sampling.HasField("top_logprobs"):  # for the held tokens' entries
+                request.continue_logprobs.extend(broken.logprobs)
             request.continue_model = broken.model  # a replica of another model refuses
             request.continue_model_fingerprint = broken.model_fingerprint
         tier = opening.tier

@@ -26,7 +26,7 @@ import torch
 
 from services.common.errors import TiermeshError
 from services.tier.chunking import ChunkAssembler, ChunkSink
-from services.tier.decode import NonFiniteLogits, choose_token_with_top, most_likely
+from services.tier.decode import NonFiniteLogits, choose_token_with_top
 from services.tier.kv_pool import KvCachePool
 from services.tier.model_loading import LoadedModel
 from services.tier.pooled_models import PooledPasses
@@ -274,6 +274,7 @@ class BatchScheduler:
             top = logprobs.argmax(dim=-1)  # (B,)
             best = top.tolist()
             chosen = logprobs.gather(1, top[:, None])[:, 0].tolist()  # (B,)
+        likeliest = self._likeliest(sequences, logprobs)
         for row, sequence in enumerate(sequences):
             if not finite[row]:
                 error = NonFiniteLogits(
@@ -288,8 +289,7 @@ class BatchScheduler:
                 alternatives: tuple[tuple[int, float], ...] = ()
                 if sampling.greedy:
                     token, logprob = best[row], chosen[row]
-                    if sampling.top_logprobs and logprobs is not None:
-                        alternatives = most_likely(logprobs[row], sampling.top_logprobs)
+                    alternatives = likeliest.get(row, ())
                 else:
                     token, logprob, alternatives = choose_token_with_top(
                         logits[row],
@@ -302,6 +302,27 @@ class BatchScheduler:
             except Exception as e:
                 log.exception("request %s failed", sequence.prepared.request_id)
                 self._fail(sequence, RequestFailed(f"choosing or decoding its token: {e!r}"))
+
+    @staticmethod
+    def _likeliest(
+        sequences: list[Sequence], logprobs: torch.Tensor | None
+    ) -> dict[int, tuple[tuple[int, float], ...]]:
+        """The most likely tokens of the greedy rows that asked for them (top_logprobs), by
+        row: one topk over those rows, read back once."""
+        rows = [
+            row
+            for row, s in enumerate(sequences)
+            if s.prepared.sampling.greedy and s.prepared.sampling.top_logprobs
+        ]
+        if not rows or logprobs is None:
+            return {}
+        k = max(sequences[row].prepared.sampling.top_logprobs or 0 for row in rows)
+        values, ids = torch.topk(logprobs[rows], min(k, logprobs.shape[-1]), dim=-1)  # (R, k)
+        likeliest = {}
+        for row, row_ids, row_values in zip(rows, ids.tolist(), values.tolist(), strict=True):
+            wanted = sequences[row].prepared.sampling.top_logprobs or 0
+            likeliest[row] = tuple(zip(row_ids[:wanted], row_values[:wanted], strict=True))
+        return likeliest
 
     def _record(
         self,

@@ -51,18 +51,22 @@ class ChunkAssembler:
         continued: tuple[int, ...] = (),
         continued_chars: int = 0,
         detailed: bool = False,
+        held: tuple[TokenLogprob, ...] = (),
     ) -> None:
         """`continued`: answer tokens streamed before this stream (by another replica), of
         whose text the reader has `continued_chars` characters: the text after those comes
         first. `detailed`: each chunk also carries a TokenLogprob per token (the caller asked
-        for sampling.top_logprobs), each token's text decoded as it comes."""
+        for sampling.top_logprobs), each token's text decoded as it comes; `held`: the entries
+        of the continued tokens whose text comes first (prepared_request.held_back_entries),
+        sent before the first new token's, whose own text then starts after theirs."""
         self._tokenizer = tokenizer
         self._detok = IncrementalDetokenizer(tokenizer, continued, continued_chars)
         self._per_chunk = per_chunk
         self._detailed = detailed
         self._ids: list[int] = []
         self._logprobs: list[float] = []
-        self._entries: list[TokenLogprob] = []
+        self._entries: list[TokenLogprob] = list(held)
+        self._held_chars = sum(len(e.text) for e in held)
         self._sent_first = False
 
     def add(
@@ -81,6 +85,8 @@ class ChunkAssembler:
         self._logprobs.append(logprob)
         if self._detailed:
             piece = self._detok.add([token], final=finish is not None)
+            if self._held_chars and piece:  # the held tokens' entries carry that text
+                piece, self._held_chars = piece[self._held_chars :], 0
             alternatives = tuple(TopLogprob(i, token_text(self._tokenizer, i), lp) for i, lp in top)
             self._entries.append(TokenLogprob(piece, logprob, alternatives))
         if finish is None and self._sent_first and len(self._ids) < self._per_chunk:

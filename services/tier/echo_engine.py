@@ -23,7 +23,13 @@ from typing import Any
 from services.common.config import TierConfig
 from services.tier.engine import GenerationChunk, TokenLogprob, TopLogprob
 from services.tier.engine_lifecycle import EngineLifecycle, ModelFootprint
-from services.tier.prepared_request import LENGTH, PreparedRequest, PromptFormat, held_back_text
+from services.tier.prepared_request import (
+    LENGTH,
+    PreparedRequest,
+    PromptFormat,
+    held_back_entries,
+    held_back_text,
+)
 
 ECHO_WORDS = (
     "order",
@@ -94,15 +100,19 @@ def echo_text(token_ids: list[int] | tuple[int, ...]) -> str:
     return "".join(f" {ECHO_WORDS[i - WORD_BASE]}" for i in token_ids)
 
 
-def echo_token_logprobs(token_ids: list[int], held: str, top: int) -> tuple[TokenLogprob, ...]:
-    """Per-token detail of echo tokens: each word's text (the first after `held`, text of
-    earlier tokens not streamed yet), ECHO_LOGPROB, and as the only likely token itself (an
-    echo answer has no alternatives)."""
-    entries = []
+def echo_token_logprobs(
+    token_ids: list[int], held: str, held_entries: tuple[TokenLogprob, ...], top: int
+) -> tuple[TokenLogprob, ...]:
+    """Per-token detail of echo tokens: each word's text, ECHO_LOGPROB, and as the only likely
+    token itself (an echo answer has no alternatives). First the entries of continued tokens
+    not streamed yet (`held_entries`), or without them their text (`held`) before the first
+    word."""
+    entries = list(held_entries)
     for n, token in enumerate(token_ids):
         word = echo_text([token])
         alone = (TopLogprob(token, word, ECHO_LOGPROB),) if top > 0 else ()
-        entries.append(TokenLogprob(held + word if n == 0 else word, ECHO_LOGPROB, alone))
+        lead = held if n == 0 and not held_entries else ""
+        entries.append(TokenLogprob(lead + word, ECHO_LOGPROB, alone))
     return tuple(entries)
 
 
@@ -137,6 +147,7 @@ class EchoEngine(EngineLifecycle):
             # the text of the continued tokens the caller does not have yet comes first
             assert self._prompt_format is not None
             held = held_back_text(prepared, self._prompt_format) if done else ""
+            held_entries = held_back_entries(prepared, self._prompt_format.tokenizer)
             top = prepared.sampling.top_logprobs
             await asyncio.sleep(self._ttft_s)
             first_at = time.perf_counter()
@@ -151,7 +162,10 @@ class EchoEngine(EngineLifecycle):
                 if rid in self._aborted:
                     return
                 sent += len(chunk)
-                entries = echo_token_logprobs(chunk, held, top) if top is not None else ()
+                entries = (
+                    echo_token_logprobs(chunk, held, held_entries, top) if top is not None else ()
+                )
+                held_entries = ()
                 text, held = held + echo_text(chunk), ""
                 yield GenerationChunk(
                     tuple(chunk),

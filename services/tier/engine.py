@@ -43,6 +43,9 @@ class GenerationRequest:
     deadline_s: float | None = None  # seconds the caller has left when it arrives; None = none
     continue_ids: tuple[int, ...] = ()  # answer tokens already streamed (another replica's)
     continue_chars: int | None = None  # characters of their text the caller has; None = all
+    # their log-probabilities (with sampling.top_logprobs), for the entries of those whose
+    # text the caller does not have yet; () = not known
+    continue_logprobs: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, replace
 
 from services.common.config import TierConfig
-from services.common.errors import Unavailable
+from services.common.errors import InvalidArgument, Unavailable
 from services.common.percentiles import percentile
 from services.tier.admission import Admission
 from services.tier.engine import EngineLoad, GenerationChunk, GenerationRequest, GenerationUsage
@@ -27,6 +27,7 @@ from services.tier.prepared_request import (
     LENGTH,
     PreparedRequest,
     PromptFormat,
+    held_back_entries,
     held_back_text,
     prepare_request,
 )
@@ -115,6 +116,7 @@ class EngineLifecycle(ABC):
     """
 
     name: str
+    per_token_detail = True  # whether its chunks can carry sampling.top_logprobs' entries
 
     def __init__(self, config: TierConfig) -> None:
         self._config = config
@@ -144,7 +146,8 @@ class EngineLifecycle(ABC):
         assert self._prompt_format is not None
         self._completed += 1
         text = held_back_text(prepared, self._prompt_format)
-        last = GenerationChunk((), text, (), finish_reason=LENGTH)
+        entries = held_back_entries(prepared, self._prompt_format.tokenizer)
+        last = GenerationChunk((), text, (), finish_reason=LENGTH, token_logprobs=entries)
         if prepared.sampling.stop:  # the held-back text may hold (the rest of) a stop sequence
             last = StopSequences(prepared.sampling.stop).apply(last)
         return UsageMeter(len(prepared.prompt_ids), received).observe(last)
@@ -163,6 +166,11 @@ class EngineLifecycle(ABC):
         """The request rendered, tokenised and checked against the tier's limits."""
         self.check_health()
         assert self._prompt_format is not None
+        if request.sampling.top_logprobs is not None and not self.per_token_detail:
+            raise InvalidArgument(
+                f"sampling.top_logprobs: per-token detail is not served by the {self.name} "
+                "engine (use a torch tier)"
+            )
         return prepare_request(
             request,
             self._prompt_format,

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.errors import InvalidArgument
-from services.tier.engine import GenerationRequest, Sampling
+from services.tier.engine import GenerationRequest, Sampling, TokenLogprob
 from services.tier.tokenizer_loading import (
+    IncrementalDetokenizer,
     continued_text_chars,
     decode_text,
     encode_prompt,
@@ -47,6 +48,7 @@ class PreparedRequest:
     # subtracted from max_tokens; the engine decodes on after them and never streams them
     continued: tuple[int, ...] = ()
     continued_chars: int = 0  # characters of the continued tokens' text the caller has
+    continued_logprobs: tuple[float, ...] = ()  # one per continued token, or () = not known
 
     @property
     def rendered_prompt_ids(self) -> tuple[int, ...]:
@@ -119,6 +121,9 @@ def prepare_request(
         eos_token_ids=prompt_format.eos_token_ids,
         continued=continued,
         continued_chars=continued_chars,
+        continued_logprobs=request.continue_logprobs
+        if len(request.continue_logprobs) == len(continued)
+        else (),
     )
 
 
@@ -164,3 +169,22 @@ def check_continued(
 def held_back_text(prepared: PreparedRequest, prompt_format: PromptFormat) -> str:
     """The text of the continued tokens the caller does not have yet (a character they split)."""
     return decode_text(prompt_format.tokenizer, prepared.continued)[prepared.continued_chars :]
+
+
+def held_back_entries(prepared: PreparedRequest, tokenizer: Any) -> tuple[TokenLogprob, ...]:
+    """With per-token detail, the entries of the continued tokens whose text the caller does
+    not have yet (held back by the broken stream, as a stop sequence does): each token's text
+    as it was streamed, cut to what follows the caller's characters, with the log-probability
+    the caller sent and no alternatives. () when there are none or their log-probabilities are
+    not known (their text then goes with the first new token's entry)."""
+    if prepared.sampling.top_logprobs is None or not prepared.continued_logprobs:
+        return ()
+    detok = IncrementalDetokenizer(tokenizer)
+    entries, end = [], 0
+    for token, logprob in zip(prepared.continued, prepared.continued_logprobs, strict=True):
+        piece = detok.add([token])
+        start, end = end, end + len(piece)
+        if end > prepared.continued_chars:
+            text = piece[max(0, prepared.continued_chars - start) :]
+            entries.append(TokenLogprob(text, logprob))
+    return tuple(entries)

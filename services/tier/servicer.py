@@ -121,6 +121,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
             continue_chars=(
                 request.continue_text_chars if request.HasField("continue_text_chars") else None
             ),
+            continue_logprobs=tuple(request.continue_logprobs),
         )
 
     async def Generate(

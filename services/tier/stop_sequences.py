@@ -47,8 +47,23 @@ class StopSequences:
             entries, self._entries, self._lead = tuple(self._entries), [], 0
             return replace(chunk, text=text, token_logprobs=entries)
         keep = self._possible_start(text)
+        if self._entries:  # per-token detail: pass text on only up to a token's end
+            keep = self._last_token_end(keep)
         self._held = text[keep:]
         return replace(chunk, text=text[:keep], token_logprobs=self._release(keep))
+
+    def _last_token_end(self, keep: int) -> int:
+        """The end of the last pending entry's text at or before `keep` (in this call's text),
+        so that the text passed on ends where a token's does: a stream continued on another
+        replica after it then starts at a token, and no token's text is split between
+        entries."""
+        best, end = 0, -self._lead
+        for entry in self._entries:
+            end += len(entry.text)
+            if end > keep:
+                break
+            best = max(best, end)
+        return best
 
     def _release(self, passed: int, at_stop: bool = False) -> tuple[TokenLogprob, ...]:
         """The pending entries to send once `passed` more characters of text are passed on:

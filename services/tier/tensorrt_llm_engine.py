@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.config import TierConfig
-from services.common.errors import ConfigError, InvalidArgument
+from services.common.errors import ConfigError
 from services.tier.engine import GenerationChunk
 from services.tier.engine_lifecycle import EngineLifecycle, ModelFootprint
 from services.tier.prepared_request import PreparedRequest, PromptFormat
@@ -52,6 +52,7 @@ def _logprob(entry: Any) -> float:
 
 class TensorRtLlmEngine(EngineLifecycle):
     name = "tensorrt_llm"
+    per_token_detail = False  # its logprobs come without each token's own text
 
     def __init__(self, config: TierConfig, api: TensorRtLlmApi | None = None) -> None:
         super().__init__(config)
@@ -88,11 +89,6 @@ class TensorRtLlmEngine(EngineLifecycle):
     def _sampling(self, prepared: PreparedRequest) -> Any:
         assert self._api is not None
         s = prepared.sampling
-        if s.top_logprobs is not None:
-            raise InvalidArgument(
-                "sampling.top_logprobs: per-token detail is not served by the tensorrt_llm "
-                "engine (use a torch tier)"
-            )
         return self._api.SamplingParams(
             max_tokens=prepared.max_tokens,
             temperature=s.temperature if not s.greedy else 0.0,

@@ -35,7 +35,7 @@ from services.tier.linear_kernels import LayoutChoice
 from services.tier.model_fingerprint import folder_fingerprint
 from services.tier.model_loading import LoadedModel, load_causal_lm
 from services.tier.pooled_models import layout_extra_bytes, pooled_passes
-from services.tier.prepared_request import PreparedRequest, PromptFormat
+from services.tier.prepared_request import PreparedRequest, PromptFormat, held_back_entries
 
 log = logging.getLogger(__name__)
 # How long a stream that ended waits for the scheduler to free its pool slot (one step, normally)
@@ -156,6 +156,7 @@ class TorchEngine(EngineLifecycle):
             prepared.continued,
             prepared.continued_chars,
             detailed=prepared.sampling.top_logprobs is not None,
+            held=held_back_entries(prepared, self._loaded.tokenizer),
         )
         released: asyncio.Future[None] | None = None
         if self._scheduler is not None:

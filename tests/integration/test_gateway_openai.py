@@ -224,6 +224,10 @@ def test_no_logprobs_unless_asked_and_none_on_top_when_zero(gateway: GatewayMesh
     tokens = bare.choices[0].logprobs.content
     assert "".join(t.token for t in tokens) == bare.choices[0].message.content
     assert all(t.top_logprobs == [] for t in tokens)
+    neutral = client(gateway).chat.completions.create(
+        model="tiermesh-small", messages=PROMPT, max_tokens=8, top_logprobs=0
+    )  # 0 alternatives without logprobs asks for nothing: accepted
+    assert neutral.choices[0].logprobs is None
 
 
 def test_logprobs_follow_a_stop_sequence(gateway: GatewayMesh) -> None:

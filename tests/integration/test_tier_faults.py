@@ -211,8 +211,8 @@ async def test_replica_killed_mid_answer_is_continued_by_the_other_replica(
                 PROMPT, mode="pinned", tier="small", max_tokens=300, timeout=60
             )
             events: list[Event] = []
-            async for event in client.chat_stream(
-                PROMPT, mode="pinned", tier="small", max_tokens=300, timeout=60
+            async for event in client.chat_stream(  # with per-token detail: it goes on too
+                PROMPT, mode="pinned", tier="small", max_tokens=300, timeout=60, top_logprobs=2
             ):
                 events.append(event)
                 if isinstance(event, DeltaEvent) and len(events) == 3:
@@ -233,6 +233,9 @@ async def test_replica_killed_mid_answer_is_continued_by_the_other_replica(
     assert "".join(e.text for e in answer) == final.text == reference.text
     tokens = [t for e in answer for t in e.token_ids]
     assert tokens == [t for e in reference.events if isinstance(e, DeltaEvent) for t in e.token_ids]
+    listed = [t for e in answer for t in e.token_logprobs]  # one per token, making the text
+    assert len(listed) == len(tokens) and "".join(t.text for t in listed) == final.text
+    assert all(len(t.top) == 2 for t in listed)
     assert "another small replica continued revision 0" in final.reason, final.reason
     for result in after:  # the other replica serves the pinned chats
         assert result.tier == "small"

@@ -38,10 +38,12 @@ async def tier(request: pytest.FixtureRequest) -> AsyncIterator[TierServer]:
     await server.stop(0)
 
 
-async def generate(tier: TierServer, **sampling: object) -> list[tier_pb2.GenerateChunk]:
+async def generate(
+    tier: TierServer, most: int = 40, **sampling: object
+) -> list[tier_pb2.GenerateChunk]:
     request = tier_pb2.GenerateRequest(
         request_id="logprobs",
-        max_tokens=40,
+        max_tokens=most,
         messages=[common_pb2.ChatMessage(role="user", content=QUESTION)],
         sampling=common_pb2.SamplingParams(**sampling),  # type: ignore[arg-type]
     )
@@ -160,3 +162,73 @@ async def test_through_the_router_every_revision_lists_its_tokens(mesh: Mesh) ->
     assert "token_logprobs" not in event_to_json(
         next(d for d in plain if isinstance(d, DeltaEvent)), 1.0
     )
+
+
+async def continue_after(
+    tier: TierServer,
+    chunks: list[tier_pb2.GenerateChunk],
+    tokens: int,
+    entries_had: int,
+    most: int = 40,
+    **sampling: object,
+) -> list[tier_pb2.GenerateChunk]:
+    """Another replica goes on after the first `tokens` tokens of `chunks`, the caller having
+    the text of their first `entries_had` entries (the rest held back, as by a stop)."""
+    ids = [t for c in chunks for t in c.token_ids][:tokens]
+    logprobs = [p for c in chunks for p in c.logprobs][:tokens]
+    had = sum(len(e.text) for e in entries(chunks)[:entries_had])
+    request = tier_pb2.GenerateRequest(
+        request_id="continued",
+        max_tokens=most,
+        messages=[common_pb2.ChatMessage(role="user", content=QUESTION)],
+        sampling=common_pb2.SamplingParams(**sampling),  # type: ignore[arg-type]
+        continue_token_ids=ids,
+        continue_text_chars=had,
+        continue_logprobs=logprobs,
+    )
+    async with grpc.aio.insecure_channel(tier.address) as channel:
+        return [c async for c in tier_pb2_grpc.TierServiceStub(channel).Generate(request)]
+
+
+async def test_a_continuation_lists_the_held_back_tokens_first(tier: TierServer) -> None:
+    whole = await generate(tier, top_logprobs=2)
+    listed = entries(whole)
+    rest = await continue_after(tier, whole, tokens=6, entries_had=4, top_logprobs=2)
+    again = entries(rest)
+    # tokens 5 and 6 were generated but their text held back: they come first, with their
+    # log-probabilities and no alternatives; then the new tokens, with theirs
+    assert [(e.text, e.logprob, len(e.top)) for e in again[:2]] == [
+        (e.text, pytest.approx(e.logprob), 0) for e in listed[4:6]
+    ]
+    assert [e.text for e in again[2:]] == [e.text for e in listed[6:]]
+    assert all(len(e.top) == 2 for e in again[2:])
+    text = "".join(c.text for c in rest)
+    assert "".join(e.text for e in again) == text
+    assert "".join(e.text for e in listed[:4]) + text == ANSWER
+
+
+async def test_a_continuation_with_nothing_left_to_decode_lists_the_held_tokens() -> None:
+    server = await _tier()
+    try:
+        whole = await generate(server, top_logprobs=1, most=8)  # cut by length: no EOS
+        assert whole[-1].finish_reason == "length"
+        rest = await continue_after(server, whole, 8, 5, top_logprobs=1, most=8)
+    finally:
+        await server.stop(0)
+    assert len(rest) == 1 and not rest[0].token_ids and rest[0].finish_reason == "length"
+    assert [e.text for e in rest[0].token_logprobs] == [e.text for e in entries(whole)[5:]]
+    assert "".join(e.text for e in rest[0].token_logprobs) == rest[0].text
+
+
+async def test_an_echo_continuation_lists_the_held_back_words_first() -> None:
+    config = {"name": "small", "engine": "echo", "model_path": "unused", "echo_ttft_ms": 0.0}
+    server = await start_tier(build_config(TierConfig, config))
+    try:
+        whole = await generate(server, top_logprobs=1)
+        rest = await continue_after(server, whole, 6, 4, top_logprobs=1)
+    finally:
+        await server.stop(0)
+    listed, again = entries(whole), entries(rest)
+    assert [e.text for e in again] == [e.text for e in listed[4:]]
+    assert [len(e.top) for e in again[:2]] == [0, 0] and all(len(e.top) == 1 for e in again[2:])
+    assert "".join(e.text for e in again) == "".join(c.text for c in rest)

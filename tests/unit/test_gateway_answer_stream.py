@@ -105,3 +105,19 @@ def test_a_takeover_lists_only_the_new_revisions_tokens_past_the_sent_text() -> 
     sent = "".join(answer.feed(d) for d in tokens(1, ("Hel", "lo", " wo"), ("rld",)))
     assert sent == "rld"
     assert [e.text for e in answer.pop_entries()] == ["rld"]
+
+
+def test_a_takeover_whose_tokens_split_differently_repeats_no_text() -> None:
+    answer = PlainAnswer()
+    answer.feed(route("medium"))
+    answer.feed(RevisionStartEvent(0, "medium", None, 0))
+    for delta in tokens(0, ("Hello", " wor")):
+        answer.feed(delta)
+    answer.feed(RevisionEndEvent(0, "error", {}, ""))
+    answer.feed(RevisionStartEvent(1, "large", 0, 9))
+    sent = "Hello wor" + "".join(answer.feed(d) for d in tokens(1, ("Hello", " world", "!")))
+    sent += answer.finish(final(1, "Hello world!"))
+    listed = [e.text for e in answer.pop_entries()]
+    assert sent == "Hello world!"
+    assert listed == ["Hello", " wor", "ld", "!"]  # " world" straddles: only its "ld"
+    assert "".join(listed) == sent

@@ -84,8 +84,9 @@ def test_token_entries_follow_the_text_passed_on() -> None:
 
 def test_a_token_straddling_a_stop_keeps_its_text_before_it() -> None:
     assert entry_stream(("30",), [["You", " within 3"], ["0 days", "."]]) == [
-        ("You within ", ["You"], None),  # "3" may start "30": " within 3" waits for its end
-        ("", [" within "], "stop"),  # cut at the stop; "0 days" and "." never sent
+        # "3" may start "30": the text passed on ends where a token does, so " within 3" waits
+        ("You", ["You"], None),
+        (" within ", [" within "], "stop"),  # cut at the stop; "0 days" and "." never sent
     ]
 
 

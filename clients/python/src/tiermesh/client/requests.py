@@ -54,5 +54,7 @@ def build_request(
     if max_tokens is not None:
         request.max_tokens = max_tokens
     if top_logprobs is not None:
+        if top_logprobs < 0:
+            raise ValueError(f"top_logprobs: must be 0 or more, got {top_logprobs}")
         request.sampling.top_logprobs = top_logprobs
     return request
