@@ -134,7 +134,6 @@ class RevisionTracker:
         self.route: RouteEvent | None = None
         self.starts: dict[int, RevisionStartEvent] = {}
         self.finish_reasons: dict[int, str] = {}
-        self.entries: dict[int, list[TokenLogprob]] = {}  # with top_logprobs, per revision
 
     def feed(self, event: Event) -> None:
         if isinstance(event, RouteEvent):
@@ -143,12 +142,6 @@ class RevisionTracker:
             self.starts[event.revision] = event
         elif isinstance(event, RevisionEndEvent):
             self.finish_reasons[event.revision] = event.finish_reason
-        elif isinstance(event, DeltaEvent) and event.token_logprobs:
-            self.entries.setdefault(event.revision, []).extend(event.token_logprobs)
-
-    def answer_entries(self, final: FinalEvent) -> list[TokenLogprob]:
-        """The entries of the answer's tokens."""
-        return list(self.entries.get(final.revision, ()))
 
     def finish_reason(self, final: FinalEvent) -> str:
         """OpenAI's finish_reason of the answer: "length" or "stop"."""

@@ -28,12 +28,15 @@ async def complete(
     """The non-streamed answer: reads the chat to its Final."""
     started = time.perf_counter()
     tracker = RevisionTracker()
+    entries: dict[int, list[TokenLogprob]] = {}  # per revision, when the request asked
     try:
         final = None
         async for event in _events(chat, await chat.first()):
             tracker.feed(event)
             if isinstance(event, FinalEvent):
                 final = event
+            elif request.logprobs and isinstance(event, DeltaEvent):
+                entries.setdefault(event.revision, []).extend(event.token_logprobs)
         if final is None:
             raise GatewayError(502, "the router's stream ended without a final answer")
     finally:
@@ -41,8 +44,8 @@ async def complete(
     metrics.duration.labels(request.model, "false").observe(time.perf_counter() - started)
     metrics.completion_tokens.labels(request.model).inc(usage(final)["completion_tokens"])
     extra = tracker.final_fields(final) if request.revisions else None
-    entries = tracker.answer_entries(final) if request.logprobs else None
-    return completion(request.model, final, tracker.finish_reason(final), extra, entries)
+    answer = entries.get(final.revision, []) if request.logprobs else None
+    return completion(request.model, final, tracker.finish_reason(final), extra, answer)
 
 
 async def stream(
@@ -113,13 +116,13 @@ class _StreamRelay:
         self.tracker.feed(event)
         if self.request.revisions:
             chunks = [sse(chunk) for chunk in self._revision_chunks(event)]
-        elif self.request.logprobs:
-            text = self.plain.feed(event)
-            entries = self.plain.pop_entries()
-            chunks = [sse(self._content(text, logprobs=entries))] if text or entries else []
         else:
             text = self.plain.feed(event)
-            chunks = [self._plain_content(text)] if text else []
+            if self.request.logprobs:
+                entries = self.plain.pop_entries()
+                chunks = [sse(self._content(text, logprobs=entries))] if text or entries else []
+            else:
+                chunks = [self._plain_content(text)] if text else []
         if isinstance(event, FinalEvent):
             chunks += [sse(chunk) for chunk in self._final_chunks(event)]
         return chunks

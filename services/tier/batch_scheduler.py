@@ -26,7 +26,7 @@ import torch
 
 from services.common.errors import TiermeshError
 from services.tier.chunking import ChunkAssembler, ChunkSink
-from services.tier.decode import NonFiniteLogits, choose_token_with_top
+from services.tier.decode import Alternatives, NonFiniteLogits, choose_token_with_top
 from services.tier.kv_pool import KvCachePool
 from services.tier.model_loading import LoadedModel
 from services.tier.pooled_models import PooledPasses
@@ -286,7 +286,7 @@ class BatchScheduler:
                 continue
             try:
                 sampling = sequence.prepared.sampling
-                alternatives: tuple[tuple[int, float], ...] = ()
+                alternatives: Alternatives = ()
                 if sampling.greedy:
                     token, logprob = best[row], chosen[row]
                     alternatives = likeliest.get(row, ())
@@ -306,7 +306,7 @@ class BatchScheduler:
     @staticmethod
     def _likeliest(
         sequences: list[Sequence], logprobs: torch.Tensor | None
-    ) -> dict[int, tuple[tuple[int, float], ...]]:
+    ) -> dict[int, Alternatives]:
         """The most likely tokens of the greedy rows that asked for them (top_logprobs), by
         row: one topk over those rows, read back once."""
         rows = [
@@ -329,7 +329,7 @@ class BatchScheduler:
         sequence: Sequence,
         token: int,
         logprob: float,
-        top: tuple[tuple[int, float], ...] = (),
+        top: Alternatives = (),
     ) -> None:
         sequence.generated += 1
         finish = sequence.prepared.finish_after(token, sequence.generated)

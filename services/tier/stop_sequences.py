@@ -24,10 +24,9 @@ class StopSequences:
         self._stops = stops
         self._longest = max(len(s) for s in stops)
         self._held = ""  # text received but not passed on: it could start a stop sequence
-        # per-token entries (TokenLogprob) whose text is not all passed on, and how many
-        # characters of the first one's text were
+        # per-token entries (TokenLogprob) whose text is not passed on yet: the text passed on
+        # always ends where a token's does, so theirs is the held text
         self._entries: list[TokenLogprob] = []
-        self._lead = 0
 
     def apply(self, chunk: GenerationChunk) -> GenerationChunk:
         """The chunk as the caller sees it: its text cut at a stop sequence (then finished,
@@ -44,7 +43,7 @@ class StopSequences:
             return replace(chunk, text=text[:cut], finish_reason=STOP, token_logprobs=entries)
         if chunk.finish_reason is not None:
             self._held = ""
-            entries, self._entries, self._lead = tuple(self._entries), [], 0
+            entries, self._entries = tuple(self._entries), []
             return replace(chunk, text=text, token_logprobs=entries)
         keep = self._possible_start(text)
         if self._entries:  # per-token detail: pass text on only up to a token's end
@@ -57,19 +56,18 @@ class StopSequences:
         so that the text passed on ends where a token's does: a stream continued on another
         replica after it then starts at a token, and no token's text is split between
         entries."""
-        best, end = 0, -self._lead
+        best, end = 0, 0
         for entry in self._entries:
             end += len(entry.text)
             if end > keep:
                 break
-            best = max(best, end)
+            best = end
         return best
 
-    def _release(self, passed: int, at_stop: bool = False) -> tuple[TokenLogprob, ...]:
-        """The pending entries to send once `passed` more characters of text are passed on:
-        those whose text ends within them (at a stop: those that begin before it, the last
-        cut there, and no others)."""
-        upto = self._lead + passed  # in the pending entries' text
+    def _release(self, upto: int, at_stop: bool = False) -> tuple[TokenLogprob, ...]:
+        """The pending entries to send once the first `upto` characters of their text are
+        passed on: those whose text ends within them (at a stop: those that begin before it,
+        the last cut there, and no others)."""
         released: list[TokenLogprob] = []
         start = 0
         while self._entries:
@@ -85,9 +83,8 @@ class StopSequences:
             released.append(entry)
             self._entries.pop(0)
             start = end
-        self._lead = upto - start
         if at_stop:
-            self._entries, self._lead = [], 0
+            self._entries = []
         return tuple(released)
 
     def _possible_start(self, text: str) -> int:
