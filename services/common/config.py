@@ -215,9 +215,12 @@ class GatewayConfig:
     # browser origins (scheme://host[:port], or "*") the API answers cross-origin (CORS);
     # empty: same origin only (the chat page), and no CORS work per request
     cors_origins: tuple[str, ...] = ()
+    # the most choices (`n`) one chat completion may ask for; each is one router chat
+    max_choices: int = 8
 
     def validate(self) -> None:
         _require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
+        _require(1 <= self.max_choices <= 128, "max_choices", "must be in [1, 128]")
         _require(bool(self.router), "router", "must be a gRPC target")
         for i, origin in enumerate(self.cors_origins):
             problem = _origin_problem(origin)

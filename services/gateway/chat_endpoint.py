@@ -24,7 +24,7 @@ from tiermesh.v1 import router_pb2_grpc
 
 from services.common.config import GatewayConfig
 from services.gateway import completions
-from services.gateway.chat_request import parse_chat_request
+from services.gateway.chat_request import ChatCompletionRequest, parse_chat_request
 from services.gateway.errors import GatewayError
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_wire import DONE, sse
@@ -84,22 +84,14 @@ class ChatCompletionsEndpoint:
         revisions_header = headers.get(REVISIONS_HEADER, "").lower() in ("1", "true")
         metrics = self._metrics
         try:
-            chat_request = parse_chat_request(body, revisions_header=revisions_header)
+            chat_request = parse_chat_request(
+                body, max_choices=self._config.max_choices, revisions_header=revisions_header
+            )
         except GatewayError as e:
             model = str(body.get("model", "")) if isinstance(body, dict) else ""
             metrics.requests.labels(model, "", e.status).inc()
             raise
-        span, context = start_span(headers, chat_request.model, chat_request.user)
-        chat = RouterChat(
-            self._router(),
-            chat_request.request,
-            call_metadata(headers, context),
-            self._config.timeout_s,
-            self._config.retry_after_s,
-            span,
-            chat_request.model,
-            metrics.record_operation,
-        )
+        chats = [self._chat(chat_request, i, headers) for i in range(chat_request.n)]
         model, stream_label = chat_request.model, "true" if chat_request.stream else "false"
         # the only message left to receive is http.disconnect: the client left (or the
         # response is complete, and then the watch is cancelled first)
@@ -107,17 +99,19 @@ class ChatCompletionsEndpoint:
 
         def client_left(done: asyncio.Future[Any]) -> None:
             if not done.cancelled():
-                chat.cancel()
+                for chat in chats:
+                    chat.cancel()
 
         watch.add_done_callback(client_left)
         try:
             try:
                 if not chat_request.stream:
-                    answer = await completions.complete(chat, chat_request, metrics)
+                    answer = await completions.complete(chats, chat_request, metrics)
                 else:
-                    first = await chat.first()
+                    firsts = await completions.first_events(chats)
             except GatewayError as e:
-                chat.cancel()
+                for chat in chats:
+                    chat.cancel()
                 metrics.requests.labels(model, stream_label, e.status).inc()
                 metrics.duration.labels(model, stream_label).observe(time.perf_counter() - started)
                 raise
@@ -127,7 +121,7 @@ class ChatCompletionsEndpoint:
                 return
             await response.start(200, SSE_HEADERS)
             last = b""
-            async for data in completions.stream(chat, first, chat_request, metrics):
+            async for data in completions.stream(chats, firsts, chat_request, metrics):
                 if data.endswith(DONE):  # the last piece: written with the body's end
                     last = data
                     continue
@@ -135,6 +129,22 @@ class ChatCompletionsEndpoint:
             await response.end(last)
         finally:
             watch.cancel()
+
+    def _chat(
+        self, chat_request: ChatCompletionRequest, index: int, headers: dict[str, str]
+    ) -> RouterChat:
+        """The router chat of choice `index`, started (each its own call and span)."""
+        span, context = start_span(headers, chat_request.model, chat_request.user)
+        return RouterChat(
+            self._router(),
+            chat_request.choice_request(index),
+            call_metadata(headers, context),
+            self._config.timeout_s,
+            self._config.retry_after_s,
+            span,
+            chat_request.model,
+            self._metrics.record_operation,
+        )
 
 
 class _Response:

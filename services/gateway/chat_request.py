@@ -29,7 +29,6 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 MAX_SEED = 2**64 - 1
 # fields accepted only at their neutral value: (name, neutral values)
 NEUTRAL_ONLY: tuple[tuple[str, tuple[Any, ...]], ...] = (
-    ("n", (None, 1)),
     ("presence_penalty", (None, 0, 0.0)),
     ("frequency_penalty", (None, 0, 0.0)),
     ("logit_bias", (None, {})),
@@ -53,10 +52,26 @@ class ChatCompletionRequest:
     revisions: bool  # the client opted in to every revision (the `tiermesh` object)
     user: str
     logprobs: bool = False  # each token's log-probability (and top_logprobs) in the choices
+    n: int = 1  # choices: one router chat each
+
+    def choice_request(self, index: int) -> router_pb2.ChatRequest:
+        """The router request of choice `index`: the request itself for the first; for the
+        others with a `seed`, the seed plus the index (so sampled choices differ, and each is
+        as repeatable as the first; past 2**64 - 1 it wraps to 1, as 0 means no seed)."""
+        seed = self.request.sampling.seed
+        if index == 0 or not seed:
+            return self.request
+        request = router_pb2.ChatRequest()
+        request.CopyFrom(self.request)
+        request.sampling.seed = (seed - 1 + index) % MAX_SEED + 1
+        return request
 
 
-def parse_chat_request(body: Any, *, revisions_header: bool = False) -> ChatCompletionRequest:
-    """The chat the body asks for; raises GatewayError (400, or 404 for an unknown model)."""
+def parse_chat_request(
+    body: Any, *, max_choices: int, revisions_header: bool = False
+) -> ChatCompletionRequest:
+    """The chat the body asks for, with at most `max_choices` choices (`n`); raises
+    GatewayError (400, or 404 for an unknown model)."""
     if not isinstance(body, dict):
         raise GatewayError(400, "the request body must be a JSON object", code="invalid_body")
     model = body.get("model")
@@ -98,8 +113,26 @@ def parse_chat_request(body: Any, *, revisions_header: bool = False) -> ChatComp
     if user is not None and not isinstance(user, str):
         raise bad_request("user", "must be a string")
     return ChatCompletionRequest(
-        model, mode, request, stream, include_usage, revisions, user or "", logprobs
+        model,
+        mode,
+        request,
+        stream,
+        include_usage,
+        revisions,
+        user or "",
+        logprobs,
+        _choices(body, max_choices),
     )
+
+
+def _choices(body: dict[str, Any], max_choices: int) -> int:
+    """OpenAI's `n`: how many choices, 1 (the default) to `max_choices`."""
+    value = body.get("n")
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= max_choices:
+        raise bad_request("n", f"must be an integer in [1, {max_choices}], got {value!r}")
+    return value
 
 
 def _top_logprobs(body: dict[str, Any], logprobs: bool) -> int:

@@ -1,16 +1,19 @@
-"""POST /v1/chat/completions: runs one chat on the router and answers in OpenAI's format, as
-one `chat.completion` or as SSE `chat.completion.chunk` events ending with `data: [DONE]`.
+"""POST /v1/chat/completions: runs a completion's chats on the router (one per choice, `n`)
+and answers in OpenAI's format, as one `chat.completion` or as SSE `chat.completion.chunk`
+events ending with `data: [DONE]`.
 
-Errors before the stream starts are HTTP statuses (the first router event is awaited before any
-header is sent); a failure after it is one `{"error": ...}` event, then the stream ends. Leaving
-the stream (a client that disconnects) cancels the router call.
+Errors before the stream starts are HTTP statuses (every choice's first router event is awaited
+before any header is sent); a failure after it is one `{"error": ...}` event, then the stream
+ends, and the other choices' chats are cancelled. Leaving the stream (a client that
+disconnects) cancels the router calls.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 from tiermesh.client import DeltaEvent, Event, FinalEvent, RevisionStartEvent, TokenLogprob
 
@@ -18,45 +21,123 @@ from services.gateway.answer_stream import AnswerReplaced, PlainAnswer, Revision
 from services.gateway.chat_request import ChatCompletionRequest
 from services.gateway.errors import GatewayError
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.openai_wire import DONE, ChunkWriter, completion, sse, usage
+from services.gateway.openai_wire import DONE, Choice, ChunkWriter, completion, sse, usage
 from services.gateway.router_chat import RouterChat
+
+T = TypeVar("T")
+# what a choice's piece of the SSE body is: more follows, its answer ended, or it failed (the
+# piece then ends with the error event, and the stream with it)
+MORE, ENDED, FAILED = "more", "ended", "failed"
+Piece = tuple[bytes, str]
 
 
 async def complete(
-    chat: RouterChat, request: ChatCompletionRequest, metrics: GatewayMetrics
+    chats: list[RouterChat], request: ChatCompletionRequest, metrics: GatewayMetrics
 ) -> dict[str, Any]:
-    """The non-streamed answer: reads the chat to its Final."""
+    """The non-streamed answer: reads every choice's chat to its Final."""
     started = time.perf_counter()
+    try:
+        if len(chats) == 1:
+            choices = [await _answer(chats[0], request)]
+        else:
+            choices = await all_of([_answer(chat, request) for chat in chats])
+    finally:
+        for chat in chats:
+            chat.cancel()
+    metrics.duration.labels(request.model, "false").observe(time.perf_counter() - started)
+    for choice in choices:
+        metrics.completion_tokens.labels(request.model).inc(
+            usage(choice.final)["completion_tokens"]
+        )
+    return completion(request.model, choices)
+
+
+async def _answer(chat: RouterChat, request: ChatCompletionRequest) -> Choice:
     tracker = RevisionTracker()
     entries: dict[int, list[TokenLogprob]] = {}  # per revision, when the request asked
-    try:
-        final = None
-        async for event in _events(chat, await chat.first()):
-            tracker.feed(event)
-            if isinstance(event, FinalEvent):
-                final = event
-            elif request.logprobs and isinstance(event, DeltaEvent):
-                entries.setdefault(event.revision, []).extend(event.token_logprobs)
-        if final is None:
-            raise GatewayError(502, "the router's stream ended without a final answer")
-    finally:
-        chat.cancel()
-    metrics.duration.labels(request.model, "false").observe(time.perf_counter() - started)
-    metrics.completion_tokens.labels(request.model).inc(usage(final)["completion_tokens"])
+    final = None
+    async for event in _events(chat, await chat.first()):
+        tracker.feed(event)
+        if isinstance(event, FinalEvent):
+            final = event
+        elif request.logprobs and isinstance(event, DeltaEvent):
+            entries.setdefault(event.revision, []).extend(event.token_logprobs)
+    if final is None:
+        raise GatewayError(502, "the router's stream ended without a final answer")
     extra = tracker.final_fields(final) if request.revisions else None
     answer = entries.get(final.revision, []) if request.logprobs else None
-    return completion(request.model, final, tracker.finish_reason(final), extra, answer)
+    return Choice(final, tracker.finish_reason(final), extra, answer)
+
+
+async def first_events(chats: list[RouterChat]) -> list[Event]:
+    """Every chat's first event (the route decision); the first refusal is raised."""
+    if len(chats) == 1:
+        return [await chats[0].first()]
+    return await all_of([chat.first() for chat in chats])
+
+
+async def all_of(awaitables: list[Awaitable[T]]) -> list[T]:
+    """Every result, in order, awaited together; the first failure cancels the rest and is
+    raised."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def stream(
-    chat: RouterChat, first: Event, request: ChatCompletionRequest, metrics: GatewayMetrics
+    chats: list[RouterChat],
+    firsts: list[Event],
+    request: ChatCompletionRequest,
+    metrics: GatewayMetrics,
 ) -> AsyncIterator[bytes]:
-    """The SSE body of a streamed completion whose first router event is `first`, in pieces
-    that are each one write: the role chunk goes out with the first content, an event's chunks
-    together, and the Final's chunks with `[DONE]` (the last piece, and the only one ending with
-    DONE), so a short answer costs few writes and wake-ups of the client."""
-    relay = _StreamRelay(request, metrics)
+    """The SSE body of a streamed completion whose chats' first router events are `firsts`, in
+    pieces that are each one write: a choice's role chunk goes out with its first content, an
+    event's chunks together, and the last answer's final chunks with the usage chunk and
+    `[DONE]` (the last piece, and the only one ending with DONE), so a short answer costs few
+    writes and wake-ups of the client. With several choices, their pieces go out as they come."""
+    started = time.perf_counter()
+    writer = ChunkWriter(request.model)
+    relays = [
+        _StreamRelay(request, metrics, writer.for_choice(i) if i else writer, started)
+        for i in range(len(chats))
+    ]
+    sources = [
+        _choice(chat, first, relay)
+        for chat, first, relay in zip(chats, firsts, relays, strict=True)
+    ]
+    pieces = sources[0] if len(sources) == 1 else _interleaved(sources)
     metrics.active_streams.inc()
+    running = len(chats)
+    try:
+        async for piece, state in pieces:
+            if state == FAILED:
+                yield piece
+                return
+            if state == ENDED:
+                running -= 1
+                if not running:
+                    finals = [relay.final for relay in relays if relay.final is not None]
+                    tail = sse(writer.usage_chunk(finals)) if request.include_usage else b""
+                    yield piece + tail + DONE
+                    return
+            if piece:
+                yield piece
+    finally:
+        await pieces.aclose()
+        for chat in chats:
+            chat.cancel()
+        metrics.active_streams.dec()
+        metrics.duration.labels(request.model, "true").observe(time.perf_counter() - started)
+
+
+async def _choice(
+    chat: RouterChat, first: Event, relay: _StreamRelay
+) -> AsyncGenerator[Piece, None]:
+    """One choice's pieces of the SSE body; its last is ENDED or FAILED."""
     pending = sse(  # the role chunk, sent with the first content
         relay.writer.chunk(
             {"role": "assistant", "content": ""}, with_usage_field=relay.include_usage
@@ -69,24 +150,47 @@ async def stream(
                 last, pending = pending + b"".join(events), b""
                 try:
                     await chat.next()  # the call's OK status, which follows Final
-                except GatewayError:
-                    yield last  # the answer as it stands, then the error event below
-                    raise
-                yield last + DONE
+                except GatewayError as e:
+                    yield last + sse(e.body()), FAILED  # the answer as it stands, the error
+                    return
+                yield last, ENDED
                 return
             if events:
-                yield pending + b"".join(events)
+                yield pending + b"".join(events), MORE
                 pending = b""
         raise GatewayError(502, "the router's stream ended without a final answer")
     except (GatewayError, AnswerReplaced) as e:
         error = (
             e if isinstance(e, GatewayError) else GatewayError(502, str(e), code="answer_replaced")
         )
-        yield pending + sse(error.body())
+        yield pending + sse(error.body()), FAILED
+
+
+async def _interleaved(
+    sources: list[AsyncGenerator[Piece, None]],
+) -> AsyncGenerator[Piece, None]:
+    """The pieces of every choice as each comes (a bounded queue: a choice waits while the
+    client is behind); a choice's unexpected failure is raised here."""
+    queue: asyncio.Queue[Piece | BaseException] = asyncio.Queue(maxsize=len(sources))
+
+    async def pump(source: AsyncGenerator[Piece, None]) -> None:
+        try:
+            async for piece in source:
+                await queue.put(piece)
+        except Exception as e:  # not the choice's own GatewayError: it yields those
+            await queue.put(e)
+
+    tasks = [asyncio.ensure_future(pump(source)) for source in sources]
+    try:
+        while True:
+            item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
     finally:
-        chat.cancel()
-        metrics.active_streams.dec()
-        metrics.duration.labels(request.model, "true").observe(relay.elapsed_s())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _events(chat: RouterChat, first: Event) -> AsyncIterator[Event]:
@@ -96,20 +200,24 @@ async def _events(chat: RouterChat, first: Event) -> AsyncIterator[Event]:
 
 
 class _StreamRelay:
-    """Turns router events into the chunks of one streamed completion."""
+    """Turns one choice's router events into its chunks of a streamed completion."""
 
-    def __init__(self, request: ChatCompletionRequest, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        request: ChatCompletionRequest,
+        metrics: GatewayMetrics,
+        writer: ChunkWriter,
+        started: float,
+    ) -> None:
         self.request = request
         self.metrics = metrics
-        self.writer = ChunkWriter(request.model)
+        self.writer = writer
         self.plain = PlainAnswer()
         self.tracker = RevisionTracker()
-        self.started = time.perf_counter()
+        self.started = started
         self.first_content = False
         self.include_usage = request.include_usage
-
-    def elapsed_s(self) -> float:
-        return time.perf_counter() - self.started
+        self.final: FinalEvent | None = None
 
     def feed(self, event: Event) -> list[bytes]:
         """The SSE events to send for `event` (often none)."""
@@ -150,8 +258,7 @@ class _StreamRelay:
                 {}, finish_reason=reason, tiermesh=extra, with_usage_field=self.include_usage
             )
         )
-        if self.request.include_usage:
-            chunks.append(self.writer.usage_chunk(final))
+        self.final = final
         self.metrics.completion_tokens.labels(self.request.model).inc(
             usage(final)["completion_tokens"]
         )
@@ -164,7 +271,9 @@ class _StreamRelay:
     def _observe_first(self, text: str) -> None:
         if text and not self.first_content:
             self.first_content = True
-            self.metrics.time_to_first_content.labels(self.request.model).observe(self.elapsed_s())
+            self.metrics.time_to_first_content.labels(self.request.model).observe(
+                time.perf_counter() - self.started
+            )
 
     def _content(
         self,

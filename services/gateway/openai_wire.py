@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from tiermesh.client import FinalEvent, TokenLogprob
@@ -44,13 +45,40 @@ def usage(final: FinalEvent) -> dict[str, int]:
     }
 
 
-class ChunkWriter:
-    """Builds the chunks of one streamed completion (same id, model and created time)."""
+def total_usage(finals: list[FinalEvent]) -> dict[str, int]:
+    """OpenAI usage of a completion's choices: the prompt once (every choice answers the same
+    one; the most any choice's tier counted), their completion tokens summed."""
+    each = [usage(final) for final in finals]
+    prompt = max(u["prompt_tokens"] for u in each)
+    completion = sum(u["completion_tokens"] for u in each)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
-    def __init__(self, model: str) -> None:
-        self.id = completion_id()
+
+@dataclass(frozen=True)
+class Choice:
+    """One answered choice of a non-streamed completion."""
+
+    final: FinalEvent
+    finish_reason: str
+    tiermesh: dict[str, Any] | None = None  # the revisions opt-in's final object
+    logprobs: list[TokenLogprob] | None = None  # the answer's tokens, when the request asked
+
+
+class ChunkWriter:
+    """Builds the chunks of one choice of a streamed completion (every choice's chunks have the
+    same id, model and created time; `for_choice` gives the writer of another choice)."""
+
+    def __init__(
+        self, model: str, index: int = 0, id: str | None = None, created: int | None = None
+    ) -> None:
+        self.id = id or completion_id()
         self.model = model
-        self.created = created_now()
+        self.created = created_now() if created is None else created
+        self.index = index
         # a content chunk's event around its text, encoded once: the bytes sse(chunk(...)) gives
         head = self.chunk({"content": ""})
         encoded = sse(head)
@@ -59,6 +87,10 @@ class ChunkWriter:
         self._content_tail = encoded[cut + 2 :]
         with_usage = sse({**head, "usage": None})
         self._content_tail_usage = with_usage[cut + 2 :]
+
+    def for_choice(self, index: int) -> ChunkWriter:
+        """The writer of choice `index` of the same completion."""
+        return ChunkWriter(self.model, index, self.id, self.created)
 
     def chunk(
         self,
@@ -77,7 +109,7 @@ class ChunkWriter:
             "model": self.model,
             "choices": [
                 {
-                    "index": 0,
+                    "index": self.index,
                     "delta": delta,
                     "logprobs": None if logprobs is None else logprobs_field(logprobs),
                     "finish_reason": finish_reason,
@@ -96,15 +128,16 @@ class ChunkWriter:
         tail = self._content_tail_usage if with_usage_field else self._content_tail
         return self._content_head + _COMPACT.encode(text).encode() + tail
 
-    def usage_chunk(self, final: FinalEvent) -> dict[str, Any]:
-        """The last chunk `stream_options.include_usage` asks for: no choices, the usage."""
+    def usage_chunk(self, finals: list[FinalEvent]) -> dict[str, Any]:
+        """The last chunk `stream_options.include_usage` asks for: no choices, the usage of
+        every choice (`finals`)."""
         return {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
             "choices": [],
-            "usage": usage(final),
+            "usage": total_usage(finals),
         }
 
 
@@ -128,15 +161,10 @@ def logprobs_field(entries: list[TokenLogprob]) -> dict[str, Any]:
     }
 
 
-def completion(
-    model: str,
-    final: FinalEvent,
-    finish_reason: str,
-    tiermesh: dict[str, Any] | None,
-    logprobs: list[TokenLogprob] | None = None,
-) -> dict[str, Any]:
-    """The non-streamed `chat.completion` whose message is the answer; `logprobs` (the
-    request asked for them): its tokens' entries."""
+def completion(model: str, choices: list[Choice]) -> dict[str, Any]:
+    """The non-streamed `chat.completion` whose messages are the choices' answers. With the
+    revisions opt-in, the top-level `tiermesh` object is the first choice's, and with more than
+    one choice each also carries its own."""
     body: dict[str, Any] = {
         "id": completion_id(),
         "object": "chat.completion",
@@ -144,16 +172,22 @@ def completion(
         "model": model,
         "choices": [
             {
-                "index": 0,
-                "message": {"role": "assistant", "content": final.text},
-                "logprobs": None if logprobs is None else logprobs_field(logprobs),
-                "finish_reason": finish_reason,
+                "index": index,
+                "message": {"role": "assistant", "content": choice.final.text},
+                "logprobs": None if choice.logprobs is None else logprobs_field(choice.logprobs),
+                "finish_reason": choice.finish_reason,
+                **(
+                    {"tiermesh": choice.tiermesh}
+                    if len(choices) > 1 and choice.tiermesh is not None
+                    else {}
+                ),
             }
+            for index, choice in enumerate(choices)
         ],
-        "usage": usage(final),
+        "usage": total_usage([choice.final for choice in choices]),
     }
-    if tiermesh is not None:
-        body["tiermesh"] = tiermesh
+    if choices[0].tiermesh is not None:
+        body["tiermesh"] = choices[0].tiermesh
     return body
 
 

@@ -47,6 +47,27 @@ def test_router_at_capacity_is_429_with_retry_after(gateway: GatewayMesh) -> Non
     assert caught.value.body["code"] == "resource_exhausted"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_one_refused_choice_fails_the_request_and_cancels_the_other(
+    gateway: GatewayMesh, stream: bool
+) -> None:
+    before = gateway.wait_idle("small").completed
+    body = {
+        "model": "tiermesh-small",
+        "messages": MESSAGES,
+        "max_tokens": 400,
+        "n": 2,
+        "stream": stream,
+    }
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=30)
+    # the router admits one chat at a time: one choice starts, the other is refused
+    assert response.status_code == 429
+    assert response.json()["error"]["code"] == "resource_exhausted"
+    status = gateway.wait_idle("small")
+    assert status.running == 0
+    assert status.completed == before, "the admitted choice ran on after the request failed"
+
+
 def test_deadline_exceeded_is_504(gateway: GatewayMesh) -> None:
     assert gateway.mesh is not None
     url = gateway.extra_gateway(timeout_s=0.02)

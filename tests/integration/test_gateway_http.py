@@ -141,7 +141,8 @@ def test_health_metrics_and_page(gateway: GatewayMesh) -> None:
     assert "http://" not in page.text and "https://" not in page.text  # nothing external
 
 
-def test_client_leaving_cancels_the_router_call(gateway: GatewayMesh) -> None:
+@pytest.mark.parametrize("choices", [1, 2])
+def test_client_leaving_cancels_the_router_call(gateway: GatewayMesh, choices: int) -> None:
     before = {tier: gateway.wait_idle(tier).completed for tier in ("small", "large")}
     body = {
         "model": "tiermesh-progressive",
@@ -149,6 +150,7 @@ def test_client_leaving_cancels_the_router_call(gateway: GatewayMesh) -> None:
         "stream": True,
         "max_tokens": 400,
         "tiermesh": {"revisions": True},
+        "n": choices,
     }
     with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body) as response:
         for line in response.iter_lines():

@@ -123,7 +123,9 @@ def test_revisions_opt_in_through_extra_body(gateway: GatewayMesh) -> None:
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stop": [""]}, "stop"),
         ({"stop": 3}, "stop"),
-        ({"n": 2}, "n"),
+        ({"n": 0}, "n"),
+        ({"n": 9}, "n"),  # over the gateway's max_choices (8)
+        ({"n": 1.5}, "n"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),  # needs logprobs: true
         ({"logprobs": "yes"}, "logprobs"),
@@ -242,3 +244,76 @@ def test_logprobs_follow_a_stop_sequence(gateway: GatewayMesh) -> None:
     content = answer.choices[0].message.content
     assert content == full[: full.find(stop)]
     assert "".join(t.token for t in answer.choices[0].logprobs.content) == content
+
+
+def test_n_gives_that_many_choices_each_an_answer(gateway: GatewayMesh) -> None:
+    one = client(gateway).chat.completions.create(
+        model="tiermesh-small", messages=PROMPT, max_tokens=12
+    )
+    three = client(gateway).chat.completions.create(
+        model="tiermesh-small", messages=PROMPT, max_tokens=12, n=3
+    )
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    # greedy: every choice is the one answer
+    assert {c.message.content for c in three.choices} == {one.choices[0].message.content}
+    assert one.usage is not None and three.usage is not None
+    assert three.usage.prompt_tokens == one.usage.prompt_tokens  # the prompt counted once
+    assert three.usage.completion_tokens == 3 * one.usage.completion_tokens
+    assert three.usage.total_tokens == three.usage.prompt_tokens + three.usage.completion_tokens
+
+
+def test_sampled_choices_use_the_seed_plus_their_index(gateway: GatewayMesh) -> None:
+    options = {"temperature": 1.0, "max_tokens": 16}
+    choices = client(gateway).chat.completions.create(
+        model="tiermesh-small", messages=PROMPT, n=3, seed=77, **options
+    )
+    alone = [
+        client(gateway)
+        .chat.completions.create(model="tiermesh-small", messages=PROMPT, seed=seed, **options)
+        .choices[0]
+        .message.content
+        for seed in (77, 78, 79)
+    ]
+    assert [c.message.content for c in choices.choices] == alone
+    assert len(set(alone)) > 1, "three seeds sampled the same answer"
+
+
+def test_streamed_choices_interleave_and_end_with_one_usage_chunk(gateway: GatewayMesh) -> None:
+    answer = client(gateway).chat.completions.create(
+        model="tiermesh-progressive", messages=PROMPT, max_tokens=16, n=2
+    )
+    _, chunks = streamed_text(
+        gateway,
+        "tiermesh-progressive",
+        max_tokens=16,
+        n=2,
+        stream_options={"include_usage": True},
+    )
+    texts = {0: "", 1: ""}
+    finishes: dict[int, list[str]] = {0: [], 1: []}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices  # one choice per chunk, as OpenAI streams n > 1
+        texts[choice.index] += choice.delta.content or ""
+        if choice.finish_reason is not None:
+            finishes[choice.index].append(choice.finish_reason)
+    assert texts == {c.index: c.message.content for c in answer.choices}
+    assert finishes == {c.index: [c.finish_reason] for c in answer.choices}
+    assert {c.id for c in chunks} == {chunks[0].id}
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None
+    assert answer.usage is not None
+    assert last.usage.completion_tokens == answer.usage.completion_tokens
+
+
+def test_each_choice_carries_its_revisions_object(gateway: GatewayMesh) -> None:
+    answer = client(gateway).chat.completions.create(
+        model="tiermesh-progressive",
+        messages=PROMPT,
+        max_tokens=12,
+        n=2,
+        extra_body={"tiermesh": {"revisions": True}},
+    )
+    extras = [c.model_extra["tiermesh"] for c in answer.choices]
+    assert [(e["final"], e["tier"], e["revisions"]) for e in extras] == [(True, "large", 2)] * 2
+    assert extras[0]["route"]["request_id"] != extras[1]["route"]["request_id"]
+    assert answer.model_extra["tiermesh"] == extras[0]
