@@ -101,8 +101,9 @@ async def stream(
     writes and wake-ups of the client. With several choices, their pieces go out as they come."""
     started = time.perf_counter()
     writer = ChunkWriter(request.model)
+    first_content = _FirstContent(metrics, request.model, started)
     relays = [
-        _StreamRelay(request, metrics, writer.for_choice(i) if i else writer, started)
+        _StreamRelay(request, metrics, writer.for_choice(i) if i else writer, first_content)
         for i in range(len(chats))
     ]
     sources = [
@@ -199,6 +200,21 @@ async def _events(chat: RouterChat, first: Event) -> AsyncIterator[Event]:
         yield event
 
 
+class _FirstContent:
+    """Records, once per streamed completion (whichever choice sends it), the time to the first
+    answer text."""
+
+    def __init__(self, metrics: GatewayMetrics, model: str, started: float) -> None:
+        self._histogram = metrics.time_to_first_content.labels(model)
+        self._started = started
+        self._seen = False
+
+    def observe(self, text: str) -> None:
+        if text and not self._seen:
+            self._seen = True
+            self._histogram.observe(time.perf_counter() - self._started)
+
+
 class _StreamRelay:
     """Turns one choice's router events into its chunks of a streamed completion."""
 
@@ -207,15 +223,14 @@ class _StreamRelay:
         request: ChatCompletionRequest,
         metrics: GatewayMetrics,
         writer: ChunkWriter,
-        started: float,
+        first_content: _FirstContent,
     ) -> None:
         self.request = request
         self.metrics = metrics
         self.writer = writer
         self.plain = PlainAnswer()
         self.tracker = RevisionTracker()
-        self.started = started
-        self.first_content = False
+        self.first_content = first_content
         self.include_usage = request.include_usage
         self.final: FinalEvent | None = None
 
@@ -265,15 +280,8 @@ class _StreamRelay:
         return chunks
 
     def _plain_content(self, text: str) -> bytes:
-        self._observe_first(text)
+        self.first_content.observe(text)
         return self.writer.content_event(text, with_usage_field=self.include_usage)
-
-    def _observe_first(self, text: str) -> None:
-        if text and not self.first_content:
-            self.first_content = True
-            self.metrics.time_to_first_content.labels(self.request.model).observe(
-                time.perf_counter() - self.started
-            )
 
     def _content(
         self,
@@ -281,7 +289,7 @@ class _StreamRelay:
         tiermesh: dict[str, Any] | None = None,
         logprobs: list[TokenLogprob] | None = None,
     ) -> dict[str, Any]:
-        self._observe_first(text)
+        self.first_content.observe(text)
         return self.writer.chunk(
             {"content": text},
             tiermesh=tiermesh,

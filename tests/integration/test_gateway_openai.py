@@ -317,3 +317,22 @@ def test_each_choice_carries_its_revisions_object(gateway: GatewayMesh) -> None:
     assert [(e["final"], e["tier"], e["revisions"]) for e in extras] == [(True, "large", 2)] * 2
     assert extras[0]["route"]["request_id"] != extras[1]["route"]["request_id"]
     assert answer.model_extra["tiermesh"] == extras[0]
+
+
+def test_streamed_choices_each_end_with_their_final_object(gateway: GatewayMesh) -> None:
+    _, chunks = streamed_text(
+        gateway,
+        "tiermesh-progressive",
+        max_tokens=12,
+        n=2,
+        extra_body={"tiermesh": {"revisions": True}},
+    )
+    finals = {}
+    for chunk in chunks:
+        info = chunk.model_extra.get("tiermesh")
+        if info and info.get("final"):
+            (choice,) = chunk.choices
+            assert choice.index not in finals, "a choice ended twice"
+            finals[choice.index] = info
+    assert sorted(finals) == [0, 1]
+    assert finals[0]["route"]["request_id"] != finals[1]["route"]["request_id"]
