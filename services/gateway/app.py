@@ -16,6 +16,7 @@ import grpc
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 from tiermesh.v1 import router_pb2_grpc
 
@@ -29,6 +30,10 @@ from services.gateway.router_chat import router_stub
 from services.security.settings import ServiceSecurity
 
 CHAT_PAGE = Path(__file__).with_name("chat_page.html")
+# what a request for any other path is told the gateway serves
+ROUTES = (
+    "POST /v1/chat/completions, GET /v1/models, GET /v1/models/{model}, GET /health, GET /metrics"
+)
 
 
 class RouterConnection:
@@ -101,6 +106,22 @@ def create_app(config: GatewayConfig) -> GatewayApp:
     @app.exception_handler(GatewayError)
     async def gateway_error(_request: Request, error: GatewayError) -> JSONResponse:
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        """FastAPI's own 404 and 405 in OpenAI's error shape, naming what is served."""
+        path = request.url.path
+        if error.status_code == 404:
+            message = f"no route {request.method} {path}; this gateway serves {ROUTES}"
+            gateway_error = GatewayError(404, message, code="not_found")
+        elif error.status_code == 405:
+            message = f"{path} does not take {request.method}"
+            gateway_error = GatewayError(405, message, code="method_not_allowed")
+        else:
+            gateway_error = GatewayError(error.status_code, str(error.detail))
+        return JSONResponse(
+            gateway_error.body(), status_code=error.status_code, headers=error.headers
+        )
 
     @app.get("/", response_class=HTMLResponse)
     async def chat_page() -> HTMLResponse:

@@ -29,6 +29,8 @@ ERROR_TYPES: dict[int, str] = {
     401: "authentication_error",
     403: "permission_error",
     404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
     429: "rate_limit_error",
 }
 # the router names the bad field first ("max_tokens: must be in [1, 200], got 0")

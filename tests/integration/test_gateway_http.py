@@ -124,6 +124,30 @@ def test_error_body_is_openai_shaped(gateway: GatewayMesh) -> None:
     wrong_method = httpx.get(f"{gateway.url}/v1/chat/completions")
     assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
     assert "POST" in wrong_method.json()["error"]["message"]
+    assert wrong_method.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "code"),
+    [
+        ("POST", "/v1/completions", 404, "not_found"),  # what a completions client calls
+        ("GET", "/v1/embeddings", 404, "not_found"),
+        ("POST", "/v1/models", 405, "method_not_allowed"),
+    ],
+)
+def test_other_routes_answer_in_openai_shape(
+    gateway: GatewayMesh, method: str, path: str, status: int, code: str
+) -> None:
+    response = httpx.request(method, f"{gateway.url}{path}", json={"model": "tiermesh-small"})
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["code"], error["type"]) == (code, "invalid_request_error")
+    assert path in error["message"]
+    if status == 404:  # names what is served
+        assert "POST /v1/chat/completions" in error["message"]
+    else:
+        assert response.headers["allow"] == "GET"
 
 
 def test_health_metrics_and_page(gateway: GatewayMesh) -> None:

@@ -150,6 +150,13 @@ def test_unknown_model_is_404(gateway: GatewayMesh) -> None:
     assert caught.value.body["code"] == "model_not_found"
 
 
+def test_a_route_not_served_is_an_openai_not_found(gateway: GatewayMesh) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        client(gateway).completions.create(model="tiermesh-small", prompt="Hello")
+    assert caught.value.body["code"] == "not_found"
+    assert "/v1/chat/completions" in caught.value.message
+
+
 def test_sampling_options_are_honoured(gateway: GatewayMesh) -> None:
     options = {"temperature": 0.9, "top_p": 0.9, "seed": 1234, "max_tokens": 12, "user": "u-1"}
     first, second = (
