@@ -15,6 +15,7 @@ from rich.table import Table
 
 from services.common.config import RouterConfig, load_config
 from services.common.tiers import TIER_NAMES
+from services.routing.outcomes import LABEL_CONCURRENCY
 
 PHRASINGS = ("seen", "unseen")
 ROUTER_CONFIG = Path(__file__).resolve().parent.parent / "router" / "config.toml"
@@ -35,6 +36,12 @@ def register(commands: Any) -> None:
         "--tiers", default="small,medium,large", help="tiers to run; others keep their results"
     )
     label.add_argument("--threads", type=int, default=2, help="torch threads")
+    label.add_argument(
+        "--concurrency",
+        type=int,
+        default=LABEL_CONCURRENCY,
+        help=f"requests decoded together per tier (default {LABEL_CONCURRENCY})",
+    )
     label.add_argument(
         "--new",
         action="store_true",
@@ -72,6 +79,9 @@ def cmd_label(args: argparse.Namespace) -> int:
     wanted = args.tiers.split(",")
     models = {t: p for t, p in model_paths(overrides).items() if t in wanted}
     console = Console()
+    if args.concurrency < 1:
+        console.print(f"[red]route label:[/red] --concurrency must be >= 1, got {args.concurrency}")
+        return 2
     for tier, path in models.items():
         if not (path / "config.json").is_file():
             console.print(f"[red]route label:[/red] no {tier} model at {path} (`make models`)")
@@ -97,6 +107,7 @@ def cmd_label(args: argparse.Namespace) -> int:
                 threads=args.threads,
                 previous=previous,
                 only_new=args.new,
+                concurrency=args.concurrency,
             )
             write_outcomes(outcomes, outcomes_path(split))
             labels = {t: sum(o.label == t for o in outcomes) for t in (*TIER_NAMES, "none")}

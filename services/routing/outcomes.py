@@ -3,7 +3,8 @@ served), and each request is labelled with the cheapest tier whose answer is cor
 
 The outcomes (per tier: correct, output tokens, draft confidence) are data kept with the
 workload (`services/workload/data/outcomes-<split>.jsonl`); predictor training, threshold
-tuning and `tiermesh route-eval` read them. Runs the torch engine in this process.
+tuning and `tiermesh route-eval` read them. Runs the torch engine in this process (imported
+only to build labels: reading them needs no torch).
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from typing import Any
 from services.common.config import TierConfig, load_config
 from services.common.tiers import TIER_NAMES
 from services.tier.engine import GenerationRequest
-from services.tier.torch_engine import TorchEngine
 from services.workload import WorkloadItem, load_split, score
 from services.workload.splits import DATA_DIR
 
 SERVICES = Path(__file__).resolve().parent.parent
+# requests each tier decodes together while labelling: greedy answers are the same at any batch
+# size (the engine's batching contract), and a wider batch gets more tokens out of each step
+LABEL_CONCURRENCY = 64
 
 
 @dataclass(frozen=True)
@@ -81,11 +84,13 @@ async def answer_all(
     model: Path,
     items: list[WorkloadItem],
     max_tokens: int,
-    concurrency: int = 16,
+    concurrency: int = LABEL_CONCURRENCY,
     progress: Callable[[int], None] | None = None,
     threads: int = 2,
 ) -> list[tuple[str, int, float]]:
     """(text, output tokens, confidence) per item from one model, with continuous batching."""
+    from services.tier.torch_engine import TorchEngine  # torch: only where labels are built
+
     config = TierConfig(
         name="large",
         model_path=model,
@@ -138,6 +143,7 @@ def build_outcomes(
     threads: int = 2,
     previous: list[Outcome] | None = None,
     only_new: bool = False,
+    concurrency: int = LABEL_CONCURRENCY,
 ) -> list[Outcome]:
     """Runs each tier in `models` over the split (its first `limit` items, seen and unseen
     phrasings) and scores the answers; tiers not in `models` keep their results from `previous`
@@ -159,7 +165,7 @@ def build_outcomes(
                 progress(tier, done, len(items))
 
         per_tier[tier] = asyncio.run(
-            answer_all(model, items, max_tokens, progress=advance, threads=threads)
+            answer_all(model, items, max_tokens, concurrency, progress=advance, threads=threads)
         )
     positions = {item.id: index for index, item in enumerate(items)}
     outcomes = []
