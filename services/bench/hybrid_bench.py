@@ -34,7 +34,13 @@ from services.bench.loadgen import (
     run_closed_loop,
     run_open_loop,
 )
-from services.bench.metrics import overload_warnings, percentile, ratios_vs, summarise
+from services.bench.metrics import (
+    overload_warnings,
+    percentile,
+    ratios_vs,
+    summarise,
+    unanswered_warnings,
+)
 from services.bench.resources import ResourceMonitor, ServiceHandle
 from services.bench.scenarios import RequestSequence, Scenario, arrival_times, schedule_digest
 from services.common.tiers import TIER_NAMES
@@ -286,7 +292,10 @@ async def run_configurations(
             if name != BASELINE and BASELINE in configurations
         },
         "machine": {"cpus": os.cpu_count(), "loadavg_1m_at_end": round(os.getloadavg()[0], 2)},
-        "warnings": overload_warnings(configurations),
+        "warnings": [
+            *overload_warnings(configurations),
+            *unanswered_warnings(configurations, BASELINE),
+        ],
     }
     return report, all_records
 

@@ -74,6 +74,7 @@ def summarise(
     by_class = {c: [r for r in measured if r.request_class == c] for c in CLASSES}
     by_class = {c: rs for c, rs in by_class.items() if rs}
     completed_records = [r for r in measured if r.ok]
+    correct = sum(score(items[r.item_id], r.text) for r in completed_records)
     return {
         "requests": {
             "scheduled": len(measured),
@@ -90,8 +91,10 @@ def summarise(
         "quality": {
             "scorer": "services.workload.score",
             "scored": len(completed_records),
-            "correct": sum(score(items[r.item_id], r.text) for r in completed_records),
+            "correct": correct,
             "accuracy": _round(accuracy(measured, items)),
+            # over every measured request, one not answered (failed or shed) counted wrong
+            "accuracy_all": _round(correct / len(measured)) if measured else None,
             "by_class": {c: _round(accuracy(rs, items)) for c, rs in by_class.items()},
         },
         "answered_by": dict(sorted(Counter(r.tier for r in completed_records).items())),
@@ -127,6 +130,9 @@ def ratios_vs(config: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, A
         "throughput": _ratio(config["throughput_rps"], base["throughput_rps"]),
         "cost": by_profile.get("cpu"),
         "quality": _ratio(config["quality"]["accuracy"], base["quality"]["accuracy"]),
+        # the same with the configuration's own unanswered requests counted wrong (the
+        # baseline's accuracy stays over what it answered: its overload is warned apart)
+        "quality_all": _ratio(config["quality"].get("accuracy_all"), base["quality"]["accuracy"]),
         "cost_by_profile": by_profile,
     }
 
@@ -161,4 +167,25 @@ def overload_warnings(configurations: Mapping[str, Any]) -> list[str]:
                 "completed and ratios against it compare with an overloaded system; lower --rate "
                 "for a like-for-like comparison"
             )
+    return lines
+
+
+def unanswered_warnings(configurations: Mapping[str, Any], baseline: str) -> list[str]:
+    """One line per compared configuration (not the baseline) that left any measured request
+    unanswered but no more than OVERLOAD_SHARE (overload_warnings covers more): its quality
+    covers only what it answered, so the line gives it with those counted wrong too."""
+    lines = []
+    for name, config in configurations.items():
+        counts, quality = config["requests"], config["quality"]
+        lost = counts["failed"] + counts["shed"]
+        if name == baseline or not lost or lost > OVERLOAD_SHARE * counts["scheduled"]:
+            continue
+        parts = [f"{k} {v}" for k, v in sorted(counts["errors"].items())]
+        if counts["shed"]:
+            parts.append(f"shed {counts['shed']}")
+        lines.append(
+            f"{name}: {lost} of {counts['scheduled']} requests not answered ({', '.join(parts)}): "
+            f"its accuracy {quality['accuracy']} covers the {quality['scored']} answered; with "
+            f"those counted wrong it is {quality['accuracy_all']} (ratios: quality_all)"
+        )
     return lines

@@ -142,6 +142,11 @@ def test_accuracy_is_the_scorers_on_the_recorded_answers(bench_run) -> None:
         assert isinstance(accuracy, float) and 0.0 <= accuracy <= 1.0
         assert accuracy == pytest.approx(recount, abs=1e-4)
         assert config["quality"]["scored"] == len(done)
+        measured = [
+            r for r in rows if r["configuration"] == name and warmup <= r["scheduled_at_s"] < end
+        ]
+        correct = sum(score(items[r["item_id"]], r["text"]) for r in done)
+        assert config["quality"]["accuracy_all"] == pytest.approx(correct / len(measured), abs=1e-4)
 
 
 def test_report_files_and_tables(bench_run) -> None:
