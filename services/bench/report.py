@@ -158,8 +158,9 @@ def ratio_table(report: Mapping[str, Any]) -> TableSpec:
             mark = ""
             if name == "hybrid_vs_single" and value is not None:
                 judged = value
-                if key == "quality":  # met only if it holds with unanswered requests wrong too
-                    judged = min(value, values.get("quality_all") or value)
+                strict = values.get("quality_all")
+                if key == "quality" and strict is not None:  # unanswered counted wrong too
+                    judged = min(value, strict)
                 met = judged <= bound if sense == "<=" else judged >= bound
                 mark = " ✓" if met else " ✗"
             row.append(f"{_num(value, 3)}x{mark}" if value is not None else "-")
