@@ -92,7 +92,7 @@ def summarise(
             "scorer": "services.workload.score",
             "scored": len(completed_records),
             "correct": correct,
-            "accuracy": _round(accuracy(measured, items)),
+            "accuracy": _round(correct / len(completed_records)) if completed_records else None,
             # over every measured request, one not answered (failed or shed) counted wrong
             "accuracy_all": _round(correct / len(measured)) if measured else None,
             "by_class": {c: _round(accuracy(rs, items)) for c, rs in by_class.items()},
@@ -158,14 +158,10 @@ def overload_warnings(configurations: Mapping[str, Any]) -> list[str]:
         scheduled = counts["scheduled"]
         lost = counts["failed"] + counts["shed"]
         if scheduled and lost > OVERLOAD_SHARE * scheduled:
-            parts = [f"{k} {v}" for k, v in sorted(counts["errors"].items())]
-            if counts["shed"]:
-                parts.append(f"shed {counts['shed']}")
             lines.append(
-                f"{name}: {lost} of {scheduled} requests not answered ({', '.join(parts)}): past "
-                "its capacity at this rate, so its latency, quality and cost cover only what it "
-                "completed and ratios against it compare with an overloaded system; lower --rate "
-                "for a like-for-like comparison"
+                f"{_not_answered(name, counts)}: past its capacity at this rate, so its latency, "
+                "quality and cost cover only what it completed and ratios against it compare "
+                "with an overloaded system; lower --rate for a like-for-like comparison"
             )
     return lines
 
@@ -180,12 +176,18 @@ def unanswered_warnings(configurations: Mapping[str, Any], baseline: str) -> lis
         lost = counts["failed"] + counts["shed"]
         if name == baseline or not lost or lost > OVERLOAD_SHARE * counts["scheduled"]:
             continue
-        parts = [f"{k} {v}" for k, v in sorted(counts["errors"].items())]
-        if counts["shed"]:
-            parts.append(f"shed {counts['shed']}")
         lines.append(
-            f"{name}: {lost} of {counts['scheduled']} requests not answered ({', '.join(parts)}): "
-            f"its accuracy {quality['accuracy']} covers the {quality['scored']} answered; with "
-            f"those counted wrong it is {quality['accuracy_all']} (ratios: quality_all)"
+            f"{_not_answered(name, counts)}: its accuracy {quality['accuracy']} covers the "
+            f"{quality['scored']} answered; with those counted wrong it is "
+            f"{quality['accuracy_all']} (ratios: quality_all)"
         )
     return lines
+
+
+def _not_answered(name: str, counts: Mapping[str, Any]) -> str:
+    """`name: L of S requests not answered (STATUS n, ..., shed n)`."""
+    parts = [f"{k} {v}" for k, v in sorted(counts["errors"].items())]
+    if counts["shed"]:
+        parts.append(f"shed {counts['shed']}")
+    lost = counts["failed"] + counts["shed"]
+    return f"{name}: {lost} of {counts['scheduled']} requests not answered ({', '.join(parts)})"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
 from typing import Any, TypeVar
 
 from tiermesh.client import DeltaEvent, Event, FinalEvent, RevisionStartEvent, TokenLogprob
@@ -37,10 +37,7 @@ async def complete(
     """The non-streamed answer: reads every choice's chat to its Final."""
     started = time.perf_counter()
     try:
-        if len(chats) == 1:
-            choices = [await _answer(chats[0], request)]
-        else:
-            choices = await all_of([_answer(chat, request) for chat in chats])
+        choices = await all_of([_answer(chat, request) for chat in chats])
     finally:
         for chat in chats:
             chat.cancel()
@@ -71,21 +68,26 @@ async def _answer(chat: RouterChat, request: ChatCompletionRequest) -> Choice:
 
 async def first_events(chats: list[RouterChat]) -> list[Event]:
     """Every chat's first event (the route decision); the first refusal is raised."""
-    if len(chats) == 1:
-        return [await chats[0].first()]
     return await all_of([chat.first() for chat in chats])
 
 
 async def all_of(awaitables: list[Awaitable[T]]) -> list[T]:
     """Every result, in order, awaited together; the first failure cancels the rest and is
-    raised."""
+    raised. One awaitable is awaited as it is (no task: the common `n` = 1)."""
+    if len(awaitables) == 1:
+        return [await awaitables[0]]
     tasks = [asyncio.ensure_future(a) for a in awaitables]
     try:
         return list(await asyncio.gather(*tasks))
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _stopped(tasks)
+
+
+async def _stopped(tasks: Sequence[asyncio.Future[Any]]) -> None:
+    """Cancels `tasks` and waits until each has ended (what it raised is dropped)."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def stream(
@@ -110,7 +112,7 @@ async def stream(
         _choice(chat, first, relay)
         for chat, first, relay in zip(chats, firsts, relays, strict=True)
     ]
-    pieces = sources[0] if len(sources) == 1 else _interleaved(sources)
+    pieces = _interleaved(sources)
     metrics.active_streams.inc()
     running = len(chats)
     try:
@@ -171,7 +173,12 @@ async def _interleaved(
     sources: list[AsyncGenerator[Piece, None]],
 ) -> AsyncGenerator[Piece, None]:
     """The pieces of every choice as each comes (a bounded queue: a choice waits while the
-    client is behind); a choice's unexpected failure is raised here."""
+    client is behind); a choice's unexpected failure is raised here. One choice's pieces are
+    passed on as they are (no task, no queue: the common `n` = 1)."""
+    if len(sources) == 1:
+        async for piece in sources[0]:
+            yield piece
+        return
     queue: asyncio.Queue[Piece | BaseException] = asyncio.Queue(maxsize=len(sources))
 
     async def pump(source: AsyncGenerator[Piece, None]) -> None:
@@ -189,9 +196,7 @@ async def _interleaved(
                 raise item
             yield item
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _stopped(tasks)
 
 
 async def _events(chat: RouterChat, first: Event) -> AsyncIterator[Event]:

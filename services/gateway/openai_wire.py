@@ -38,11 +38,7 @@ def usage(final: FinalEvent) -> dict[str, int]:
     answer = next((u for u in final.usage if u.get("revision") == final.revision), None)
     prompt = int(answer.get("prompt_tokens", 0)) if answer else 0
     completion = int(answer.get("completion_tokens", 0)) if answer else 0
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
+    return _usage(prompt, completion)
 
 
 def total_usage(finals: list[FinalEvent]) -> dict[str, int]:
@@ -50,7 +46,10 @@ def total_usage(finals: list[FinalEvent]) -> dict[str, int]:
     one; the most any choice's tier counted), their completion tokens summed."""
     each = [usage(final) for final in finals]
     prompt = max(u["prompt_tokens"] for u in each)
-    completion = sum(u["completion_tokens"] for u in each)
+    return _usage(prompt, sum(u["completion_tokens"] for u in each))
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
