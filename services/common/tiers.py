@@ -14,3 +14,9 @@ def check_tier(name: str, field: str) -> str:
             f"{field}: unknown tier {name!r} (expected one of {', '.join(TIER_NAMES)})"
         )
     return name
+
+
+def tier_health_name(tier: str) -> str:
+    """The gRPC health service name under which the router reports whether `tier` can take a
+    call (SERVING while a replica of it may, NOT_SERVING with none)."""
+    return f"tiermesh.tier.{tier}"

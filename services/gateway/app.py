@@ -8,6 +8,7 @@ in chat_request.py.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 from tiermesh.v1 import router_pb2_grpc
 
 from services.common.config import GatewayConfig
+from services.common.tiers import TIER_NAMES, tier_health_name
 from services.gateway.chat_endpoint import ChatCompletionsEndpoint
 from services.gateway.chat_request import MODELS
 from services.gateway.errors import GatewayError
@@ -129,13 +131,13 @@ def create_app(config: GatewayConfig) -> GatewayApp:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        status = await _router_health(router.get())
-        ok = status == "SERVING"
-        body = {
-            "status": "ok" if ok else "unavailable",
-            "router": config.router,
-            "router_status": status,
-        }
+        channel = router.get()
+        status = await _health_status(channel, "")
+        tiers = await _tier_statuses(channel) if status == "SERVING" else {}
+        serving = [tier for tier, tier_status in tiers.items() if tier_status == "SERVING"]
+        ok = status == "SERVING" and (bool(serving) or not tiers)
+        state = "unavailable" if not ok else "ok" if len(serving) == len(tiers) else "degraded"
+        body = {"status": state, "router": config.router, "router_status": status, "tiers": tiers}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics")
@@ -157,12 +159,26 @@ def create_app(config: GatewayConfig) -> GatewayApp:
     return GatewayApp(app, ChatCompletionsEndpoint(router.router, config, metrics))
 
 
-async def _router_health(channel: grpc.aio.Channel) -> str:
-    """The router's gRPC health status name (SERVING, NOT_SERVING, ...) or UNREACHABLE."""
+async def _health_status(channel: grpc.aio.Channel, service: str) -> str:
+    """The router's gRPC health status name for `service` (SERVING, NOT_SERVING, NOT_FOUND, ...)
+    or UNREACHABLE."""
     try:
         response = await health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service=""), timeout=1.0
+            health_pb2.HealthCheckRequest(service=service), timeout=1.0
         )
     except grpc.aio.AioRpcError as e:
         return "UNREACHABLE" if e.code() == grpc.StatusCode.UNAVAILABLE else e.code().name
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+
+
+async def _tier_statuses(channel: grpc.aio.Channel) -> dict[str, str]:
+    """Each tier's health as the router publishes it (tier name -> status name); a tier the
+    router does not report (not configured there) is left out."""
+    statuses = await asyncio.gather(
+        *(_health_status(channel, tier_health_name(tier)) for tier in TIER_NAMES)
+    )
+    return {
+        tier: status
+        for tier, status in zip(TIER_NAMES, statuses, strict=True)
+        if status != "NOT_FOUND"
+    }

@@ -35,6 +35,7 @@ from services.router.servicer import RouterServicer
 from services.router.tier_calls import TierChannels
 from services.router.tier_health import TierHealth
 from services.router.tier_loads import TierLoadWatcher
+from services.router.tier_readiness import publish_tier_health
 from services.router.xds_readiness import XdsReadiness
 from services.security.settings import ServiceSecurity
 
@@ -53,6 +54,12 @@ class RouterServer:
     running: RunningServer
     watcher: TierLoadWatcher
     readiness: asyncio.Task[None] | None = None  # mesh mode: SERVING once xDS resources are in
+    tier_health: asyncio.Task[None] | None = None  # each tier's health (tier_readiness.py)
+
+    def _stop_tasks(self) -> None:
+        for task in (self.readiness, self.tier_health):
+            if task is not None:
+                task.cancel()
 
     @property
     def port(self) -> int:
@@ -63,15 +70,13 @@ class RouterServer:
         return f"{self.config.host}:{self.running.port}"
 
     async def close_upstream(self) -> None:
-        if self.readiness is not None:
-            self.readiness.cancel()
+        self._stop_tasks()
         await self.watcher.stop()
         await self.channels.close()
 
     async def stop(self, grace_s: float | None = None) -> None:
         await self.running.drain(self.config.drain_grace_s if grace_s is None else grace_s)
-        if self.readiness is not None:
-            self.readiness.cancel()
+        self._stop_tasks()
         await self.watcher.stop()
         await self.channels.close()
 
@@ -134,6 +139,11 @@ async def start_router(
     watcher.start()
     await watcher.first_reports(FIRST_REPORTS_S)
     router = RouterServer(config, servicer, channels, running, watcher)
+    router.tier_health = asyncio.create_task(
+        publish_tier_health(
+            running.health, channels.replicas, health.down, config.load_watch_interval_ms / 1000
+        )
+    )
     endpoints = [e for es in channels.replicas.values() for e in es]
     readiness = XdsReadiness({e: channels.channel(e) for e in endpoints})
     if readiness.needed:  # mesh mode: NOT_SERVING until the xDS client has every tier's config

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.common.tiers import TIER_NAMES
 from services.gateway.chat_endpoint import MAX_BODY_BYTES
 from tests.integration.gateway_mesh import GatewayMesh, module_gateway
 
@@ -154,6 +155,8 @@ def test_health_metrics_and_page(gateway: GatewayMesh) -> None:
     health = httpx.get(f"{gateway.url}/health")
     assert health.status_code == 200
     assert health.json()["router_status"] == "SERVING"
+    assert health.json()["status"] == "ok"
+    assert health.json()["tiers"] == dict.fromkeys(TIER_NAMES, "SERVING")
     body = {"model": "tiermesh-small", "messages": MESSAGES, "max_tokens": 4}
     assert httpx.post(f"{gateway.url}/v1/chat/completions", json=body).status_code == 200
     metrics = httpx.get(f"{gateway.url}/metrics")
