@@ -320,8 +320,9 @@ def _gateway_objects(
     secure: bool = False,
     cors_origins: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
-    """The HTTP gateway's Deployment and Service: an HTTP port and `/health` readiness probe (ready
-    while the router answers and some tier behind it can take a call), calling the router's Service over gRPC."""
+    """The HTTP gateway's Deployment and Service: an HTTP port and a `/health` readiness probe
+    (ready while the router answers and some tier behind it can take a call), calling the
+    router's Service over gRPC."""
     labels = _labels("gateway")
     command = [
         "python", "-m", "services.gateway", "--host", "0.0.0.0", "--port", str(GATEWAY_PORT),
