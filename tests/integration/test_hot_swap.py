@@ -85,10 +85,15 @@ async def _reference(model: Path) -> list[list[int]]:
 class Hold:
     """Blocks the scheduler's thread once every old stream has chosen HOLD_AFTER_STEPS tokens,
     until released (or, given `engine`, until that engine begins to shut down): those streams
-    stay in flight, mid-answer, on the old model."""
+    stay in flight, mid-answer, on the old model.
+
+    The first step also waits for `admitted` (set by the test once the tier counts every old
+    stream as running): on a loaded machine the streams reach the tier one by one, and without
+    the wait the first could finish its whole answer before the last arrives."""
 
     def __init__(self, request_ids: list[str], engine: TorchEngine | None = None) -> None:
         self.steps = dict.fromkeys(request_ids, 0)
+        self.admitted = threading.Event()
         self.held = threading.Event()
         self.release = threading.Event()
         self._engine = weakref.ref(engine) if engine is not None else None  # no cycle to it
@@ -99,6 +104,7 @@ class Hold:
 
     def __call__(self, prepared: PreparedRequest) -> bool:
         if prepared.request_id in self.steps:
+            self.admitted.wait(60)
             self.steps[prepared.request_id] += 1
             if min(self.steps.values()) >= HOLD_AFTER_STEPS and not self.release.is_set():
                 self.held.set()
@@ -137,6 +143,11 @@ async def test_in_flight_streams_finish_on_the_old_model_new_ones_start_on_the_n
 
         old_streams = [asyncio.create_task(old_stream(i)) for i in range(len(PROMPTS))]
         try:
+            for _ in range(600):  # every old stream holds a running slot: let them step
+                if (await stub.GetStatus(tier_pb2.GetStatusRequest())).running >= len(PROMPTS):
+                    break
+                await asyncio.sleep(0.05)
+            hold.admitted.set()
             assert await asyncio.to_thread(hold.held.wait, 30), "old streams never got going"
             swap = admin.SwapModel(tier_pb2.SwapModelRequest(model_path=str(new_model_dir)))
             phases = swap.__aiter__()
@@ -196,6 +207,7 @@ async def test_a_stream_past_the_drain_timeout_ends_unavailable(
     engine = tier.engine
     assert isinstance(engine, TorchEngine) and engine._scheduler is not None
     hold = Hold(["old-0"], engine)
+    hold.admitted.set()  # one stream: nothing to wait for
     engine._scheduler.poison_hook = hold
     del engine
     chunks: list[tier_pb2.GenerateChunk] = []
