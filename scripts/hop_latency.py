@@ -13,6 +13,11 @@ it in the same interleaved rounds: before/after numbers of a router change from 
 `--echo` runs echo tiers (no model, 10 ms TTFT) instead of the models; `--tier-src DIR` starts
 the tiers from another source tree (the routers still run from this one).
 
+Beside them, always: a bare gRPC relay on the first copy's small tier
+(services/bench/grpc_relay_floor.py: RouterService.Chat relayed to one tier with the router's
+event order, and nothing else), so the router's own share is read against the floor of any
+grpc.aio relay on this host ("router over the relay floor"), from the same rounds.
+
     .venv/bin/python scripts/hop_latency.py [--requests 200] [--model PATH] [--json]
         [--compare-src DIR] [--echo] [--tier-src DIR]
 """
@@ -44,6 +49,7 @@ from services.common.percentiles import percentile  # noqa: E402
 from services.launcher.local_mesh import is_serving  # noqa: E402
 
 PROMPT = "What is your return policy?"
+FLOOR = "bare gRPC relay (floor), pinned small"
 
 
 def free_port() -> int:
@@ -131,6 +137,10 @@ def main() -> int:
         procs_a, ports_a = start_services(models, plain, echo_dir, tier_src)
         procs_b, ports_b = start_services(models, traced, echo_dir, tier_src)
         procs = procs_a + procs_b
+        ports_a["floor"] = free_port()
+        floor = [sys.executable, "-m", "services.bench.grpc_relay_floor"]
+        floor += ["--tier", f"127.0.0.1:{ports_a['small']}", "--port", str(ports_a["floor"])]
+        procs.append(start(floor, plain))
         if args.compare_src is not None:
             ports_a["compare"] = free_port()
             source = args.compare_src.resolve()
@@ -160,6 +170,9 @@ def measure(
     router_b = router_pb2_grpc.RouterServiceStub(
         grpc.insecure_channel(f"127.0.0.1:{ports_b['router']}")
     )
+    floor = router_pb2_grpc.RouterServiceStub(
+        grpc.insecure_channel(f"127.0.0.1:{ports_a['floor']}")
+    )
     message = [{"role": "user", "content": PROMPT}]
     pinned = router_pb2.ChatRequest(
         prompt=PROMPT, mode=router_pb2.MODE_PINNED, tier="small", max_tokens=8
@@ -174,6 +187,7 @@ def measure(
         "router, pinned small": lambda i: router_a.Chat(pinned),
         "router, pinned small, tracing on": lambda i: router_b.Chat(pinned),
         "router, progressive draft": lambda i: router_a.Chat(progressive),
+        FLOOR: lambda i: floor.Chat(pinned),
     }
     if "compare" in ports_a:
         router_c = router_pb2_grpc.RouterServiceStub(
@@ -232,8 +246,19 @@ def report(results: dict[str, list[float]], console: Console, as_json: bool) -> 
         3,
     )
     console.print(f"tracing on, p50 cost through router + tier: {tracing:+.2f} ms")
+    over_floor = round(summary["router, pinned small"]["p50_ms"] - summary[FLOOR]["p50_ms"], 3)
+    console.print(f"router (pinned small) over the bare relay, p50: {over_floor:+.2f} ms")
     if as_json:
-        print(json.dumps({"paths": summary, "p50_overhead_ms": overhead, "tracing_ms": tracing}))
+        print(
+            json.dumps(
+                {
+                    "paths": summary,
+                    "p50_overhead_ms": overhead,
+                    "tracing_ms": tracing,
+                    "router_over_floor_ms": over_floor,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":
