@@ -3,8 +3,9 @@ small-tier call, against the first draft delta through the router (pinned and pr
 and through a second, identical router whose services export every span (tracing on).
 
 Starts two copies of (small tier, large tier, router) as separate processes, as `tiermesh run`
-does, the second with TIERMESH_TRACE_FILE set, then runs all request kinds interleaved so
-machine noise hits them alike. Prints p50/p99 and the p50 overheads; `--json` adds one JSON
+does (the tiers TIER_NICE levels below the router), the second with TIERMESH_TRACE_FILE set,
+then runs all request kinds interleaved (each round starting one kind later) so machine noise
+hits them alike. Prints p50/p99 and the p50 overheads; `--json` adds one JSON
 object as the last line.
 
 `--compare-src DIR` also starts a router from the source tree in DIR (another checkout, e.g.
@@ -45,8 +46,10 @@ from tiermesh.v1 import router_pb2, router_pb2_grpc, tier_pb2, tier_pb2_grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from services.common.cpu_priority import lower_priority  # noqa: E402
 from services.common.percentiles import percentile  # noqa: E402
 from services.launcher.local_mesh import is_serving  # noqa: E402
+from services.launcher.run_options import TIER_NICE  # noqa: E402
 
 PROMPT = "What is your return policy?"
 FLOOR = "bare gRPC relay (floor), pinned small"
@@ -93,6 +96,8 @@ def start_services(
             command += ["--model", str(model)]
         commands.append(command)
     procs = [start(c, env, tier_src) for c in commands]
+    for proc in procs:  # as `tiermesh run` starts them: below the router
+        lower_priority(proc.pid, TIER_NICE)
     procs.append(start(router_command(ports["router"], ports), env))
     return procs, ports
 
@@ -198,7 +203,11 @@ def measure(
     results: dict[str, list[float]] = {name: [] for name in kinds}
     with console.status("measuring…") as status:
         for i in range(-10, n):  # the first 10 rounds warm up and are not counted
-            for name, start in kinds.items():
+            # each round starts one kind later, so every kind follows every other as often
+            # (a request right after a progressive chat meets that chat's after-work)
+            order = list(kinds.items())
+            shift = i % len(order)
+            for name, start in order[shift:] + order[:shift]:
                 t0 = time.perf_counter()
                 first = None
                 try:

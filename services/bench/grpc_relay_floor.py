@@ -2,7 +2,8 @@
 and still keep the wire contract. Per chat it makes one TierService.Generate call to one fixed
 tier, writes RouteDecision while that call is in flight, then RevisionStart with the tier's
 first chunk, a Delta per chunk and Final: the events a pinned chat gets from the router, with no
-routing policy, admission, health, fallback, telemetry or validation. `scripts/hop_latency.py`
+routing policy, admission, health, fallback, telemetry or validation. Its server and tier
+channel take the services' shared gRPC options, as the router's do. `scripts/hop_latency.py`
 times it beside the router, so "what the router adds" and "what any gRPC relay here adds" come
 from one run.
 
@@ -24,6 +25,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tiermesh.v1 import common_pb2, router_pb2, router_pb2_grpc, tier_pb2, tier_pb2_grpc
 
+from services.common.grpc_service import CHANNEL_OPTIONS, SERVER_OPTIONS
+
 DEFAULT_MAX_TOKENS = 128  # the router's default_max_tokens
 
 
@@ -31,7 +34,7 @@ class RelayFloor(router_pb2_grpc.RouterServiceServicer):
     """RouterService.Chat relayed to one tier, named `tier` in the events."""
 
     def __init__(self, tier_address: str, tier: str = "small") -> None:
-        self._channel = grpc.aio.insecure_channel(tier_address)
+        self._channel = grpc.aio.insecure_channel(tier_address, options=CHANNEL_OPTIONS)
         self._stub = tier_pb2_grpc.TierServiceStub(self._channel)
         self._tier = tier
 
@@ -47,6 +50,7 @@ class RelayFloor(router_pb2_grpc.RouterServiceServicer):
             )
         )
         try:
+            await asyncio.sleep(0)  # one turn of the loop: grpc sends the tier request first
             yield router_pb2.ChatEvent(
                 route=router_pb2.RouteDecision(
                     request_id=request_id, tiers=[self._tier], reason="relay floor"
@@ -95,7 +99,7 @@ class RunningRelayFloor:
 
 async def start_relay_floor(tier_address: str, port: int = 0) -> RunningRelayFloor:
     """Starts the relay on 127.0.0.1:`port` (0: any free port) in this event loop."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     relay = RelayFloor(tier_address)
     router_pb2_grpc.add_RouterServiceServicer_to_server(relay, server)
     health_servicer = health.aio.HealthServicer()  # SERVING at once: what a launcher waits for
