@@ -1,8 +1,10 @@
 """`tiermesh top`: every tier replica's load, live (rich, once a second) or as one JSON snapshot.
 
-Asks each tier's GetStatus. The router has no status RPC that lists its tiers, so with
-`--router` the tiers are those of the router's config file (`--router-config`) and the router
-itself is asked only for its health; `--tier [NAME=]ADDR` (repeated) names replicas directly.
+Asks each tier's GetStatus. The router has no status RPC that lists its tiers, so the tiers are,
+in order: those named with `--tier [NAME=]ADDR` (repeated); those of the router's config file
+when `--router-config` is given; those of the mesh `tiermesh run` is running from this run
+directory (its mesh.json, when `--router` is not given or names that mesh's router); else those
+of the router's default config file. The router itself is asked only for its health.
 What the view looks like is services/terminal/top_view.py.
 """
 
@@ -26,6 +28,7 @@ from services.common import env
 from services.common.config import RouterConfig, load_config
 from services.common.errors import TiermeshError
 from services.common.tiers import TIER_NAMES
+from services.launcher.run_addresses import read_run_addresses
 from services.terminal.top_view import Snapshot, print_json_snapshot, show_top
 
 ROUTER_CONFIG = Path(__file__).resolve().parents[1] / "router" / "config.toml"
@@ -154,9 +157,17 @@ def run_top(args: argparse.Namespace) -> int:
         return 2
     credentials = tls_credentials(args.ca, args.cert, args.key) if args.ca else None
     replicas: list[tuple[str, str]] = list(args.tier or [])
-    if not replicas:
+    run = None
+    if not replicas and args.router_config is None:
+        run = read_run_addresses(Path(env.run_dir()))
+        if run is not None and args.router not in (None, run.router):
+            run = None  # another router than the one `tiermesh run` started here
+    router = args.router or (run.router if run is not None else env.router_address())
+    if not replicas and run is not None:
+        replicas = run.replicas()
+    elif not replicas:
         try:
-            replicas = router_replicas(args.router_config)
+            replicas = router_replicas(args.router_config or ROUTER_CONFIG)
         except (TiermeshError, OSError) as e:
             print(f"tiermesh top: {e}", file=sys.stderr)
             return 2
@@ -167,7 +178,7 @@ def run_top(args: argparse.Namespace) -> int:
         )
         return 2
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    targets = TopTargets(replicas, args.router, credentials, api_key)
+    targets = TopTargets(replicas, router, credentials, api_key)
     if args.once:
         snapshot = targets.snapshot()
         if args.json:
@@ -189,14 +200,14 @@ def register(commands: Any) -> None:
     )
     top.add_argument(
         "--router",
-        default=env.router_address(),
-        help="router address (its health is shown; its tiers come from --router-config)",
+        help="router address (its health is shown); default: the one `tiermesh run` started "
+        "from this run directory, else $TIERMESH_ROUTER or 127.0.0.1:50051",
     )
     top.add_argument(
         "--router-config",
         type=Path,
-        default=ROUTER_CONFIG,
-        help="the router's config file: the tiers to show when no --tier is given",
+        help="the router's config file: the tiers to show when no --tier is given (default: "
+        "those of the mesh `tiermesh run` started here, else services/router/config.toml)",
     )
     top.add_argument(
         "--tier",

@@ -4,7 +4,7 @@
 | --- | --- | --- |
 | TIERMESH_ROUTER | router address `tiermesh chat` and the SDK use | 127.0.0.1:50051 |
 | TIERMESH_LOG_LEVEL | log level of every service (DEBUG, INFO, WARNING, ERROR) | INFO |
-| TIERMESH_RUN_DIR | folder where `tiermesh run` writes service logs | .tiermesh |
+| TIERMESH_RUN_DIR | where `tiermesh run` writes logs, pids.json, mesh.json (for top) | .tiermesh |
 | TIERMESH_TORCH_THREADS | torch intra-op threads per tier process (overrides the config) | unset |
 | TIERMESH_LINEAR_LAYOUT | tiers' linear layers on CPU: `auto`, `packed`, `input-major` (*) | auto |
 | TIERMESH_TRACE_FILE | JSON-lines span file of every service | `tiermesh run`: in run dir |

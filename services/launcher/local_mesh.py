@@ -33,6 +33,11 @@ from services.common.tiers import TIER_NAMES
 from services.launcher.child_process import SERVICES_DIR
 from services.launcher.child_process import Child as Child  # re-exported: chaos, bench, tests
 from services.launcher.echo_tiers import EchoSettings, echo_tier_command
+from services.launcher.run_addresses import (
+    remove_run_addresses,
+    run_addresses,
+    write_run_addresses,
+)
 from services.launcher.run_options import TIER_NICE
 from services.launcher.secure_run import SecureRun, prepare_secure_run
 from services.launcher.start_report import demo_chat, print_start_report
@@ -347,6 +352,7 @@ def run_mesh(
         print_start_report(
             children, console, lambda address: tier_status(address, credentials), secure_run
         )
+        write_run_addresses(run_dir, run_addresses((c.name, c.address) for c in children))
         if mesh:
             control_plane = next(c for c in children if c.name == "control-plane")
             status = f"tiermesh mesh status --address {control_plane.address}"
@@ -371,6 +377,7 @@ def run_mesh(
         console.print(f"{stop_requested[0]} received: stopping every service")
         return 0
     finally:
+        remove_run_addresses(run_dir)
         stop_all(children)
         for sig, handler in previous.items():
             signal.signal(sig, handler)

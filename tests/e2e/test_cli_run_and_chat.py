@@ -5,6 +5,7 @@ on its span file, then SIGTERM stops every service."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -14,6 +15,7 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from services.common.tiers import TIER_NAMES
 from services.launcher.local_mesh import free_base_port
 from tests.e2e.run_process import ROOT, TIERMESH, chat_json, tiermesh_run
 from tests.tiny_model import build_tiny_model
@@ -132,7 +134,25 @@ def test_run_then_chat_json_then_sigterm(mesh_process) -> None:
     assert error["type"] == "error" and error["code"] == "INVALID_ARGUMENT"
     assert error["message"].startswith("max_tokens:")
 
+    # tiermesh top finds this mesh's tiers (not the configs' default ports) from its run dir
+    top = subprocess.run(
+        [*TIERMESH, "top", "--once", "--json"],
+        cwd=ROOT,
+        env={**os.environ, "TIERMESH_RUN_DIR": str(run_dir)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert top.returncode == 0, top.stderr
+    snapshot = json.loads(top.stdout)
+    base = int(router.rpartition(":")[2])
+    assert snapshot["router"] == {"address": router, "serving": True}
+    assert [(row["tier"], row["address"], row["serving"]) for row in snapshot["tiers"]] == [
+        (tier, f"127.0.0.1:{base + 10 + i}", True) for i, tier in enumerate(TIER_NAMES)
+    ]
+
     process.send_signal(signal.SIGTERM)
     rest, _ = process.communicate(timeout=60)
     assert process.returncode == 0, rest
     assert "stopping every service" in rest
+    assert not (run_dir / "mesh.json").exists()

@@ -14,6 +14,8 @@ from rich.console import Console
 from tiermesh.client import AsyncRouterClient
 
 from services.cli.main import main
+from services.cli.top_command import ROUTER_CONFIG, router_replicas
+from services.launcher.run_addresses import run_addresses, write_run_addresses
 from services.terminal.top_view import snapshot_table
 from tests.integration.mesh import start_mesh
 from tests.integration.processes import write_toml
@@ -84,5 +86,32 @@ async def test_top_once_json_reads_every_tier_of_the_router(
         small, missing = snapshot["tiers"]
         assert small["tier"] == "small" and small["error"] is None
         assert missing["address"] == down and missing["error"].startswith("UNAVAILABLE")
+    finally:
+        await mesh.stop()
+
+
+async def test_top_finds_the_tiers_of_the_mesh_tiermesh_run_started_here(
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mesh = await start_mesh(tiny_model_dir, tiers=("small", "large"))
+    try:
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        monkeypatch.setenv("TIERMESH_RUN_DIR", str(run_dir))
+        children = [(name, tier.address) for name, tier in mesh.tiers.items()]
+        write_run_addresses(run_dir, run_addresses([*children, ("router", mesh.address)]))
+        for argv in ([], ["--router", mesh.address]):  # that mesh's router, named or not
+            snapshot = await top_json(capsys, *argv)
+            assert snapshot["router"] == {"address": mesh.address, "serving": True}
+            rows = [(row["tier"], row["address"], row["error"]) for row in snapshot["tiers"]]
+            assert rows == [(name, address, None) for name, address in children]
+        # another router: its tiers are not this mesh's, so the router's config names them
+        other = await top_json(capsys, "--router", "127.0.0.1:1")
+        assert other["router"] == {"address": "127.0.0.1:1", "serving": None}
+        rows = [(row["tier"], row["address"]) for row in other["tiers"]]
+        assert rows == router_replicas(ROUTER_CONFIG)
     finally:
         await mesh.stop()
