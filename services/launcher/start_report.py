@@ -63,6 +63,8 @@ def print_start_report(
     console.print(
         f'try: [bold]tiermesh chat{flag} --mode progressive "How long does delivery take?"[/bold]'
     )
+    if secure is None:  # a secure run's top needs the router's certificate flags too
+        console.print("live load of every tier: [bold]tiermesh top[/bold]")
     gateway = next((c for c in children if c.name == "gateway"), None)
     if gateway is not None:
         console.print(f"chat page: [bold]http://{gateway.address}/[/bold]")
