@@ -28,14 +28,14 @@ from services.common.grpc_service import (
 )
 from services.common.heap import freeze_heap
 from services.common.parent_watch import stop_with_parent
-from services.common.telemetry import setup_telemetry
+from services.common.telemetry import metrics_on, setup_telemetry
 from services.router.outlier import OutlierDetector
 from services.router.policy_factory import create_policy
 from services.router.servicer import RouterServicer
 from services.router.tier_calls import TierChannels
 from services.router.tier_health import TierHealth
 from services.router.tier_loads import TierLoadWatcher
-from services.router.tier_readiness import publish_tier_health
+from services.router.tier_readiness import TierServing, publish_tier_health
 from services.router.xds_readiness import XdsReadiness
 from services.security.settings import ServiceSecurity
 
@@ -139,9 +139,16 @@ async def start_router(
     watcher.start()
     await watcher.first_reports(FIRST_REPORTS_S)
     router = RouterServer(config, servicer, channels, running, watcher)
+    serving = TierServing()
+    if metrics_on():
+        serving.register_gauge()
     router.tier_health = asyncio.create_task(
         publish_tier_health(
-            running.health, channels.replicas, health.down, config.load_watch_interval_ms / 1000
+            running.health,
+            channels.replicas,
+            health.down,
+            config.load_watch_interval_ms / 1000,
+            serving,
         )
     )
     endpoints = [e for es in channels.replicas.values() for e in es]

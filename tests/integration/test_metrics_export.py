@@ -298,3 +298,40 @@ def test_otlp_http_protobuf_and_service_name_from_the_environment() -> None:
     assert resource["deployment.environment"] == "staging"
     names = [s.name for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
     assert names == ["probe span"]
+
+
+def test_router_reports_each_tier_serving_as_a_gauge(tiny_model_dir: Path) -> None:
+    """`tiermesh.router.tier.serving`: 1 for a tier that serves, 0 for one whose port is closed,
+    as the Prometheus scrape of a real router shows it."""
+    port = _free_port()
+    scrape = _python(
+        f"""
+        import asyncio, urllib.request
+        from pathlib import Path
+        from services.common.telemetry import setup_telemetry
+        from tests.integration.mesh import start_mesh
+
+        telemetry = setup_telemetry("tiermesh-test", prometheus_port={port})
+
+        async def main():
+            mesh = await start_mesh(Path({str(tiny_model_dir)!r}), tiers=("small",),
+                                    down=("medium",), router_options={{"refine_tier": "medium"}})
+            try:
+                for _ in range(200):  # until the router has published both tiers
+                    text = urllib.request.urlopen("http://127.0.0.1:{port}/metrics").read()
+                    if text.count(b"tiermesh_router_tier_serving{{") == 2:
+                        return text.decode()
+                    await asyncio.sleep(0.05)
+                return text.decode()
+            finally:
+                await mesh.stop()
+
+        print(asyncio.run(main()))
+        telemetry.shutdown()
+        """
+    )
+    serving = {
+        labels["tiermesh_tier"]: value
+        for labels, value in _series(scrape, "tiermesh_router_tier_serving")
+    }
+    assert serving == {"small": 1.0, "medium": 0.0}, scrape[-2000:]
