@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.tiers import TIER_NAMES
+from services.launcher.json_file import write_json
 
 FILE_NAME = "mesh.json"
 
@@ -57,10 +58,9 @@ def run_addresses(services: Iterable[tuple[str, str]]) -> RunAddresses:
 def write_run_addresses(run_dir: Path, addresses: RunAddresses) -> Path:
     """Writes run_dir/mesh.json (atomically); returns its path."""
     path = run_dir / FILE_NAME
-    body = {"router": addresses.router, "gateway": addresses.gateway, "tiers": addresses.tiers}
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(body, indent=1) + "\n")
-    temporary.replace(path)
+    write_json(
+        path, {"router": addresses.router, "gateway": addresses.gateway, "tiers": addresses.tiers}
+    )
     return path
 
 

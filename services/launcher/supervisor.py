@@ -11,7 +11,6 @@ Knows processes, a health check handed in, and a console; nothing of what the ch
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import time
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
 from rich.console import Console
+
+from services.launcher.json_file import write_json
 
 FRONT = ("gateway", "router")  # stopped first, each drained before the next
 
@@ -86,9 +87,7 @@ class Supervisor(Generic[Child]):
     def write_pids(self) -> None:
         """Writes {name: pid} of the running children to pids.json (atomically)."""
         pids = {c.name: c.process.pid for c in self._children if c.process is not None}
-        temporary = self._pids_path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(pids, indent=1) + "\n")
-        temporary.replace(self._pids_path)
+        write_json(self._pids_path, pids)
 
     def poll(self, now: float | None = None) -> str | None:
         """Restarts what is due; returns why everything must stop, or None."""

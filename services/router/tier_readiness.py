@@ -51,22 +51,19 @@ async def publish_tier_health(
     tiers: Iterable[str],
     down: Callable[[str], str | None],
     interval_s: float,
-    serving: TierServing | None = None,
+    serving: TierServing,
 ) -> None:
     """Sets each tier's health now and again whenever it changes, checking every `interval_s`,
-    until cancelled (and keeps `serving` up to date). `down(tier)` says why the tier may not
-    take a call, None when it may."""
+    until cancelled; `serving` keeps what was last published. `down(tier)` says why the tier
+    may not take a call, None when it may."""
     names = list(tiers)
-    published: dict[str, int] = {}
     while True:
         for tier in names:
             why = down(tier)
-            status = SERVING if why is None else NOT_SERVING
-            if serving is not None and serving.serving.get(tier) != (why is None):
-                serving.serving = {**serving.serving, tier: why is None}
-            if published.get(tier) != status:
-                if tier in published:
-                    log.info("tier %s %s", tier, "serving" if why is None else f"down: {why}")
-                await servicer.set(tier_health_name(tier), status)
-                published[tier] = status
+            if serving.serving.get(tier) == (why is None):
+                continue
+            if tier in serving.serving:
+                log.info("tier %s %s", tier, "serving" if why is None else f"down: {why}")
+            await servicer.set(tier_health_name(tier), SERVING if why is None else NOT_SERVING)
+            serving.serving = {**serving.serving, tier: why is None}
         await asyncio.sleep(interval_s)
