@@ -43,6 +43,7 @@ from tiermesh.client.tracing import (
     tiermesh_tracer,
 )
 
+from services.common.deferred_span import ReservedIdGenerator
 from services.common.env import metrics_host
 from services.common.errors import ConfigError
 from services.common.metric_views import histogram_views
@@ -260,7 +261,7 @@ def setup_telemetry(
     if span_exporter is not None:
         processors.append(SimpleSpanProcessor(span_exporter))
     if processors:
-        provider = TracerProvider(resource=resource)
+        provider = TracerProvider(resource=resource, id_generator=ReservedIdGenerator())
         for processor in processors:
             provider.add_span_processor(processor)
         trace.set_tracer_provider(provider)

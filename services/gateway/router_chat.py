@@ -8,10 +8,10 @@ Knows the router's stubs and the client SDK's events; nothing of HTTP framing or
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
 
 import grpc
 from opentelemetry import context as context_api
@@ -21,6 +21,7 @@ from tiermesh.client import ChatError, Event, event_from_proto
 from tiermesh.client.tracing import end_span, inject_metadata, rpc_attributes
 from tiermesh.v1 import router_pb2, router_pb2_grpc
 
+from services.common.deferred_span import DeferredSpan, defer_span
 from services.common.genai_conventions import error_type, genai_attributes, span_name
 from services.common.telemetry import tracer, tracing_on
 from services.gateway.errors import GatewayError, openai_param
@@ -39,11 +40,14 @@ def call_metadata(headers: Mapping[str, str], context: Context) -> list[tuple[st
     return metadata
 
 
-def start_span(headers: Mapping[str, str], model: str, user: str) -> tuple[Any, Context]:
+def start_span(
+    headers: Mapping[str, str], model: str, user: str
+) -> tuple[DeferredSpan | trace.Span | None, Context]:
     """The CLIENT span of the router call and the context that carries it to the router. Its
     parent is the request's current span when the web framework traces requests itself, else
     the caller's `traceparent`; with no tracer installed, the caller's context goes on as is
-    (and nothing is built for a span)."""
+    (and nothing is built for a span). The span is deferred where the tracer allows it: its
+    context goes out with the call and RouterChat builds it once the call is on its way."""
     if not tracing_on():
         carrier = {name: headers[name] for name in TRACE_HEADERS if name in headers}
         return None, propagate.extract(carrier) if carrier else EMPTY_CONTEXT
@@ -55,9 +59,11 @@ def start_span(headers: Mapping[str, str], model: str, user: str) -> tuple[Any, 
     attributes = {**rpc_attributes("tiermesh.v1.RouterService/Chat"), **genai_attributes(model)}
     if user:
         attributes["gen_ai.openai.request.user"] = user
-    span = tracer().start_span(
-        span_name(model), context=parent, kind=trace.SpanKind.CLIENT, attributes=attributes
-    )
+    name, kind = span_name(model), trace.SpanKind.CLIENT
+    deferred = defer_span(name, parent, kind, attributes)
+    if deferred is not None:
+        return deferred, deferred.context
+    span = tracer().start_span(name, context=parent, kind=kind, attributes=attributes)
     if not span.get_span_context().is_valid:
         return None, parent
     return span, trace.set_span_in_context(span, parent)
@@ -79,14 +85,14 @@ class RouterChat:
         metadata: list[tuple[str, str]],
         timeout_s: float,
         retry_after_s: int,
-        span: Any = None,
+        span: DeferredSpan | trace.Span | None = None,
         model: str = "",
         record: OperationRecorder | None = None,
     ) -> None:
         self._started = time.perf_counter()
         self._call = stub.Chat(request, timeout=timeout_s, metadata=metadata)
         self._retry_after_s = retry_after_s
-        self._span = span
+        self._span = span  # a DeferredSpan until first() or cancel() builds it
         self._code = "CANCELLED"
         self._model = model
         self._response_model = ""
@@ -94,6 +100,9 @@ class RouterChat:
 
     async def first(self) -> Event:
         """The first event (the route decision); raises GatewayError if the router refused."""
+        if isinstance(self._span, DeferredSpan):
+            await asyncio.sleep(0)  # one turn of the loop: grpc sends the call
+            self._span = self._span.start()  # built while the router works on the call
         event = await self.next()
         if event is None:
             raise GatewayError(
@@ -124,6 +133,8 @@ class RouterChat:
         """Cancels the router call if it still runs; the first time, ends the request's span
         and records the call's duration."""
         self._call.cancel()
+        if isinstance(self._span, DeferredSpan):
+            self._span = self._span.start()
         if self._span is not None:
             if self._response_model:
                 self._span.set_attribute("gen_ai.response.model", self._response_model)
