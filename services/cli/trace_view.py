@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,10 @@ def pick_trace(
     return [s for s in spans if s["trace_id"] == trace_id]
 
 
-def build_tree(spans: list[dict[str, Any]]) -> Tree:
+def build_tree(spans: list[dict[str, Any]], others: Sequence[dict[str, Any]] = ()) -> Tree:
+    """The span tree of one trace; a span that links to a span among `others` (the router's
+    link to the gateway's or the SDK's span, whose context it did not trust) says so."""
+    known = {s["span_id"]: s for s in others}
     by_parent: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
     ids = {s["span_id"] for s in spans}
     for span in spans:
@@ -66,7 +70,7 @@ def build_tree(spans: list[dict[str, Any]]) -> Tree:
             offset = (span["start_ns"] - start) / 1e6
             duration = (span["end_ns"] - span["start_ns"]) / 1e6
             status = "" if span["status"] in ("OK", "UNSET") else f" [red]{span['status']}[/red]"
-            detail = _detail(span["attributes"])
+            detail = _detail(span["attributes"]) + _linked(span, known)
             label = (
                 f"[bold]{span['name']}[/bold] [dim]{span['service']}[/dim] "
                 f"+{offset:.1f} ms, {duration:.1f} ms{status}{detail}"
@@ -75,6 +79,18 @@ def build_tree(spans: list[dict[str, Any]]) -> Tree:
 
     add(tree, None)
     return tree
+
+
+def _linked(span: dict[str, Any], known: dict[str, dict[str, Any]]) -> str:
+    """`linked from <name> <service> (trace <id>)` for each linked span in the file."""
+    parts = []
+    for link in span.get("links", []):  # records written before links were kept have none
+        other = known.get(link["span_id"])
+        if other is not None and other["trace_id"] == link["trace_id"]:
+            parts.append(
+                f"linked from {other['name']} {other['service']} (trace {other['trace_id']})"
+            )
+    return f" [dim]{'; '.join(parts)}[/dim]" if parts else ""
 
 
 def _detail(attributes: dict[str, Any]) -> str:
@@ -105,7 +121,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(sorted(chosen, key=lambda s: s["start_ns"])))
     else:
-        console.print(build_tree(chosen))
+        console.print(build_tree(chosen, spans))
     return 0
 
 

@@ -149,6 +149,14 @@ def span_record(span: ReadableSpan) -> dict[str, Any]:
         "end_ns": span.end_time,
         "status": span.status.status_code.name,
         "attributes": {k: _plain(v) for k, v in (span.attributes or {}).items()},
+        # the spans this one links to (the router's link to an untrusted caller's span)
+        "links": [
+            {
+                "trace_id": format(link.context.trace_id, "032x"),
+                "span_id": format(link.context.span_id, "016x"),
+            }
+            for link in span.links
+        ],
     }
 
 

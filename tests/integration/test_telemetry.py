@@ -17,9 +17,11 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from rich.console import Console
 from tiermesh.client import AsyncRouterClient, ChatError
 
-from services.common.telemetry import TRUST_TRACE_CONTEXT_ENV, setup_telemetry
+from services.cli.trace_view import build_tree
+from services.common.telemetry import TRUST_TRACE_CONTEXT_ENV, setup_telemetry, span_record
 from tests.integration.mesh import Mesh, leave_after_first_delta, start_mesh
 
 PROMPT = "What is your return policy?"
@@ -171,6 +173,17 @@ async def test_the_router_starts_a_new_trace_for_an_untrusted_caller(
     assert server_span.parent is not None
     assert server_span.parent.span_id == client_span.context.span_id
     assert server_span.context.trace_id == chat.context.trace_id
+
+    # the trace file keeps the link, and `tiermesh trace` shows where the chat came from
+    records = [span_record(s) for s in finished]
+    chat_record = next(r for r in records if r["span_id"] == format(chat.context.span_id, "016x"))
+    sdk_trace, sdk_span = format(sdk.context.trace_id, "032x"), format(sdk.context.span_id, "016x")
+    assert chat_record["links"] == [{"trace_id": sdk_trace, "span_id": sdk_span}]
+    console = Console(record=True, width=400)
+    console.print(
+        build_tree([r for r in records if r["trace_id"] == chat_record["trace_id"]], records)
+    )
+    assert f"linked from chat tiermesh-test (trace {sdk_trace})" in console.export_text()
 
 
 def _metric_points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
