@@ -9,9 +9,10 @@ in chat_request.py.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 from fastapi import FastAPI, Request
@@ -36,6 +37,13 @@ CHAT_PAGE = Path(__file__).with_name("chat_page.html")
 ROUTES = (
     "POST /v1/chat/completions, GET /v1/models, GET /v1/models/{model}, GET /health, GET /metrics"
 )
+
+# requests FastAPI does not trace: load balancers' and supervisors' probes, Prometheus scrapes
+PROBE_PATHS = frozenset({"/health", "/metrics"})
+
+
+def _is_probe(scope: MutableMapping[str, Any]) -> bool:
+    return scope.get("path") in PROBE_PATHS
 
 
 class RouterConnection:
@@ -102,7 +110,16 @@ def create_app(config: GatewayConfig) -> GatewayApp:
         finally:
             await router.close()
 
-    app = FastAPI(title="tiermesh gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="tiermesh gateway",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        # FastAPI traces its routes when a tracer is installed: one span per request, not its
+        # dependency and endpoint steps, and none for health probes and scrapes (under
+        # `tiermesh run` they came every second, three spans each, into the trace file)
+        telemetry={"exclude": _is_probe, "operation_spans": False},
+    )
     app.state.metrics = metrics
 
     @app.exception_handler(GatewayError)

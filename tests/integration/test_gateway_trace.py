@@ -2,7 +2,8 @@
 caller's `traceparent` (or starts a trace), the router's span is its child, a caller's unsampled
 context records nothing, and a refused call still has its span, with the error. The gateway
 sends the call's trace context before it builds the span (services/common/deferred_span.py), so
-this is what shows that the context sent and the span built are the same one."""
+this is what shows that the context sent and the span built are the same one. FastAPI's own
+request spans leave out health probes and scrapes."""
 
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ async def main():
             refused = await http.post("/v1/chat/completions",
                                       json={{**body, "stream": False, "max_tokens": 10**9}})
             assert refused.status_code == 400, refused.text
+            for path in ("/health", "/metrics", "/v1/models"):
+                assert (await http.get(path)).status_code == 200, path
     finally:
         await gateway.stop()
         await mesh.stop()
@@ -114,6 +117,11 @@ def test_the_gateway_span_is_the_one_its_call_carried(tiny_model_dir: Path, tmp_
     failed = [s for s in gateway if s["status"] == "ERROR"]
     assert len(failed) == 1, gateway
     assert failed[0]["attributes"]["error.type"] == "INVALID_ARGUMENT"
+    # FastAPI's own request spans: the models list, not health probes or scrapes, and no spans
+    # for its dependency and endpoint steps
+    names = {s["name"] for s in spans if s["name"].startswith(("GET ", "fastapi."))}
+    assert names == {"GET /v1/models"}, names
+
     assert all(
         s["parent_id"] is None or s["parent_id"] in by_id or s["parent_id"] == CALLER_SPAN
         for s in spans
