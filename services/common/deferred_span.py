@@ -15,7 +15,6 @@ context sent and the span built agree for every sampler that decides from those.
 
 from __future__ import annotations
 
-import logging
 import time
 from contextvars import ContextVar
 from typing import Any
@@ -25,8 +24,6 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from tiermesh.client.tracing import tiermesh_tracer
-
-log = logging.getLogger(__name__)
 
 # (trace id, or 0 to draw one; span id) for the span being started inside DeferredSpan.start
 _RESERVED: ContextVar[tuple[int, int] | None] = ContextVar("tiermesh_reserved_ids", default=None)
@@ -57,30 +54,26 @@ class DeferredSpan:
         parent: Context,
         kind: SpanKind,
         span_context: SpanContext,
-        root: bool,
+        reserved: tuple[int, int],
         attributes: dict[str, Any],
     ) -> None:
         self.name = name
         self.parent = parent
         self.kind = kind
-        self.span_context = span_context
         self.context = trace.set_span_in_context(NonRecordingSpan(span_context), parent)
         self.attributes = attributes
-        self._root = root
+        self._reserved = reserved  # what ReservedIdGenerator hands out (trace id 0: the parent's)
         self._start_ns = time.time_ns()
 
     def start(self) -> trace.Span:
         """The span, built now with the reserved ids and the time `defer_span` was called."""
-        sc = self.span_context
-        token = _RESERVED.set((sc.trace_id if self._root else 0, sc.span_id))
+        token = _RESERVED.set(self._reserved)
         try:
             span: trace.Span = tiermesh_tracer().start_span(
                 self.name, context=self.parent, kind=self.kind, start_time=self._start_ns
             )
         finally:
             _RESERVED.reset(token)
-        if span.get_span_context() != sc:
-            log.debug("span %s built as %s, sent as %s", self.name, span.get_span_context(), sc)
         if span.is_recording():
             span.set_attributes(self.attributes)
         return span
@@ -108,11 +101,13 @@ def defer_span(
     )
     if random_id:
         flags |= TraceFlags.RANDOM_TRACE_ID
+    span_id = generator.generate_span_id()
     span_context = SpanContext(
         trace_id,
-        generator.generate_span_id(),
+        span_id,
         is_remote=False,
         trace_flags=TraceFlags(flags),
         trace_state=result.trace_state,
     )
-    return DeferredSpan(name, parent, kind, span_context, root, attributes)
+    reserved = (trace_id if root else 0, span_id)
+    return DeferredSpan(name, parent, kind, span_context, reserved, attributes)
