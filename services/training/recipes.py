@@ -35,10 +35,11 @@ class TierRecipe:
     augment: bool = True
 
 
-# Budgets (steps; minutes on a quiet 2-core machine with native bf16): small 2,000 (~7-9), medium
-# 1,100 (~8-11), large 1,800 (~35-49); `tiermesh models train` takes 51-69 minutes. The larger tiers
-# get the longer budgets, as real small models are weaker for both reasons: at equal CPU time the
-# smaller model takes ~3x the steps and wins, so the budget is part of what makes a tier a tier.
+# Budgets (steps; minutes on a quiet 2-core machine with native bf16, packed batches): small 2,000
+# (~6), medium 1,100 (~6), large 1,800 (~30); `tiermesh models train` takes ~43 minutes. The
+# larger tiers get the longer budgets, as real small models are weaker for both reasons: at equal
+# CPU time the smaller model takes ~3x the steps and wins, so the budget is part of what makes a
+# tier a tier.
 # And the larger tiers do not start from scratch: the medium starts from the trained small made
 # twice as wide, the large from the trained medium made 3.5x as deep (growth.py), so each begins
 # where the tier below ended and spends its budget going further with more parameters.
@@ -52,8 +53,7 @@ class TierRecipe:
 # The medium spends more on medium requests and complex orders. The large inherits simple and
 # medium requests from the medium and spends about two steps in three on complex orders, the
 # class only it is meant to get right, and one in five on medium requests, whose held-out
-# wordings it must answer (a complex batch is also the cheapest step: ~1.4 s against ~2.2 s for
-# simple and ~2.6 s for drill batches, which pad more).
+# wordings it must answer.
 SHORT_BUDGET_MIX = (0.15, 0.3, 0.4, 0.15)
 SMALL_MIX = (0.3, 0.2, 0.35, 0.15)
 LARGE_MIX = (0.05, 0.2, 0.65, 0.1)

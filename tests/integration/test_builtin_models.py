@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from services.routing.outcomes import answer_all
 from services.tier.model_loading import load_causal_lm
 from services.tier.tokenizer_loading import render_prompt
-from services.training.evaluation import complete
+from services.training.evaluation import MAX_NEW_TOKENS, complete
 from services.workload import load_split, score
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,11 +60,14 @@ def test_upper_case_questions_are_words_to_the_tokenizer_not_letters(small: Any)
 
 
 def test_large_model_totals_complex_orders() -> None:
-    large = load_causal_lm(ROOT / "services" / "tier_large" / "model")
-    orders = [i for i in load_split("test") if i.request_class == "complex"][:20]
-    answers = {item.id: complete(large, item.prompt).text for item in orders}
-    right = [item.id for item in orders if score(item, answers[item.id])]
+    # every complex order of the test split (160), as `models eval` scores them: a 90% bar on 20
+    # orders cannot tell 90% from 85% (one order is 5 points), on 160 one order is 0.6
+    orders = [i for i in load_split("test") if i.request_class == "complex"]
+    large = ROOT / "services" / "tier_large" / "model"
+    answers = [text for text, _, _ in asyncio.run(answer_all(large, orders, MAX_NEW_TOKENS))]
+    wrong = {i.prompt: a for i, a in zip(orders, answers, strict=True) if not score(i, a)}
     # the whole receipt right, every price, product, sum, coupon and shipping line of it
-    assert len(right) >= 18, {i.prompt: answers[i.id] for i in orders if i.id not in right}
+    assert len(orders) - len(wrong) >= 0.9 * len(orders), wrong
     # and the carries before each sum's result are the reference's, not only the final answer
-    assert sum(answers[i.id].strip() == i.reference for i in orders) >= 18
+    exact = sum(a.strip() == i.reference for i, a in zip(orders, answers, strict=True))
+    assert exact >= 0.9 * len(orders)
