@@ -128,7 +128,8 @@ class ExampleBatches:
             [reference + EOS_TOKEN for _, reference in pairs], add_special_tokens=False
         )["input_ids"]
         lengths = [len(p) + len(a) for p, a in zip(prompts, answers, strict=True)]
-        # a few distinct batch shapes only: every new shape costs the CPU kernels a fresh set-up
+        # rows as wide as the model's positions: few distinct batch shapes (every new shape costs
+        # the CPU kernels a fresh set-up), and room for several short examples in each
         width = max(self._row_width, -(-max(lengths) // WIDTH_STEP) * WIDTH_STEP)
         rows = pack(lengths, width)
         pad = int(self._tokenizer.pad_token_id)
