@@ -185,21 +185,27 @@ def bf16_is_native() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def batch_loss(model: Any, batch: Batch) -> torch.Tensor:
+    """The model's mean loss over the batch's answer tokens. transformers reads the packing from
+    the positions (a new sequence wherever they fall back, with no attention mask and no cache
+    given) and keeps each example's attention to itself."""
+    loss: torch.Tensor = model(
+        input_ids=batch.input_ids,
+        labels=batch.labels,
+        position_ids=batch.position_ids,
+        use_cache=False,
+    ).loss
+    return loss
+
+
 def _step(
     model: Any, optimiser: Any, batch: Batch, lr: float, bf16: bool = True
 ) -> tuple[float, int]:
     for group in optimiser.param_groups:
         group["lr"] = lr
-    # transformers reads the packing from the positions (a new sequence wherever they fall back,
-    # with no attention mask and no cache given) and keeps each example's attention to itself
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        loss = model(
-            input_ids=batch.input_ids,
-            labels=batch.labels,
-            position_ids=batch.position_ids,
-            use_cache=False,
-        ).loss
-    loss.backward()
+        loss = batch_loss(model, batch)
+    torch.autograd.backward(loss)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimiser.step()
     optimiser.zero_grad(set_to_none=True)

@@ -12,7 +12,14 @@ import torch
 
 from services.training.recipes import TierRecipe
 from services.training.tokenizer import EOS_TOKEN, prompt_text, train_tokenizer
-from services.training.trainer import Batch, ExampleBatches, bf16_is_native, build_model, pack
+from services.training.trainer import (
+    Batch,
+    ExampleBatches,
+    batch_loss,
+    bf16_is_native,
+    build_model,
+    pack,
+)
 from services.workload import held_out_prompts, load_split, stream
 
 
@@ -95,12 +102,7 @@ def test_a_packed_batch_computes_what_one_example_a_row_does(tokenizer: Any) -> 
         for row, (ids, answer) in enumerate(examples):
             one_a_row[row, : len(ids)], labels[row, : len(ids)] = ids, answer
         with torch.no_grad():
-            packed = model(
-                input_ids=batch.input_ids,
-                labels=batch.labels,
-                position_ids=batch.position_ids,
-                use_cache=False,
-            ).loss
+            packed = batch_loss(model, batch)
             alone = model(input_ids=one_a_row, labels=labels).loss
         # an example that saw another one's tokens, or positions not from 0, would move the loss
         assert float(packed) == pytest.approx(float(alone), abs=1e-5)
