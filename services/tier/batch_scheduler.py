@@ -4,7 +4,8 @@ request together, one token per request per step, over a KV-cache pool allocated
 A new request arrives with its pool slot already reserved (the engine reserves it when the
 request is admitted, so the loop never meets a full pool) and joins between steps: the requests
 waiting then are prefilled together, in one forward pass over their prompts packed end to end,
-within a token budget; a finished or stopped one leaves at once and frees its slot. One
+and those that arrived during that pass in another, before the next step, within a token budget
+per step; a finished or stopped one leaves at once and frees its slot. One
 request's own failure (non-finite logits, sampling, detokenising) fails that request alone: the
 rest of the batch goes on. Knows torch and an architecture's pooled passes (pooled_models.py:
 GPT-2, the Llama family); nothing of asyncio or gRPC: results leave through each request's
@@ -104,9 +105,10 @@ class BatchScheduler:
         self._loaded = loaded
         self._passes = passes
         self._pool = pool
-        # Between two decode steps, waiting requests are prefilled together, in one forward, while
-        # their prompt tokens fit this budget (at least one): a burst starts together, yet
-        # running streams are never stalled for long by a queue of long prompts.
+        # Between two decode steps, waiting requests are prefilled while their prompt tokens fit
+        # this budget (at least one): those waiting together in one forward, then those that
+        # arrived during it in the next. A burst starts together, yet running streams are never
+        # stalled for long by a queue of long prompts.
         self._prefill_budget = prefill_tokens_per_step
         self._inbox: queue.Queue[Sequence] = queue.Queue(maxsize=pool.slots)
         self._active: dict[int, Sequence] = {}  # slot -> sequence
@@ -156,7 +158,7 @@ class BatchScheduler:
                     except queue.Empty:
                         continue
                 started = time.monotonic()
-                self._admit(self._take_waiting(waiting))
+                self._admit_waiting(waiting)
                 if self._active:
                     self._step()
                 self.busy.add(started, time.monotonic())
@@ -175,10 +177,24 @@ class BatchScheduler:
             sequence.sink.close()
             self._release(sequence)
 
-    def _take_waiting(self, waiting: list[Sequence]) -> list[Sequence]:
-        """`waiting` and then the inbox's requests while their prompt tokens fit the prefill
-        budget (at least one request)."""
-        budget = self._prefill_budget - sum(len(s.prepared.prompt_ids) for s in waiting)
+    def _admit_waiting(self, waiting: list[Sequence]) -> None:
+        """Prefills the waiting requests, then those that arrived while that prefill ran, and so
+        on while the step's prefill budget lasts, before the next decode step: a burst whose
+        requests reach the inbox over a prefill starts one decode step sooner, and running
+        streams still wait for at most one budget of prompt tokens (and one prompt past it)."""
+        budget = self._prefill_budget
+        while budget > 0:
+            batch = self._take_waiting(waiting, budget)
+            if not batch:
+                return
+            budget -= sum(len(s.prepared.prompt_ids) for s in batch)
+            self._admit(batch)
+            waiting = []
+
+    def _take_waiting(self, waiting: list[Sequence], budget: int) -> list[Sequence]:
+        """`waiting` and then the inbox's requests while their prompt tokens fit `budget`
+        (at least one request, when there is one)."""
+        budget -= sum(len(s.prepared.prompt_ids) for s in waiting)
         while budget > 0:
             try:
                 sequence = self._inbox.get_nowait()

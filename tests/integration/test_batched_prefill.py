@@ -7,7 +7,10 @@ prefilled in shared passes with every answer equal to decoding it alone."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -117,6 +120,58 @@ async def test_a_burst_is_prefilled_together_and_answers_as_alone(model_dir: Pat
     assert scheduler.prefills < len(PROMPTS)  # some prompts shared a prefill pass
     loaded = load_causal_lm(model_dir)
     for request, tokens in zip(requests, results, strict=True):
+        alone = decode_steps(
+            loaded.model,
+            encode_prompt(loaded.tokenizer, request.prompt),
+            max_new_tokens=request.max_tokens,
+            sampling=Sampling(),
+            eos_token_ids=loaded.eos_token_ids,
+        )
+        assert tokens == [t for t, _, _ in alone], request.prompt
+
+
+async def test_a_request_arriving_during_a_prefill_starts_before_the_next_decode_step(
+    tiny_model_dir: Path,
+) -> None:
+    """The second request of a burst reaches the inbox while the first one's prefill runs: it is
+    prefilled before any decode step (the first request's second token waits for it), not one
+    step later, and both answer as they would alone."""
+    config = TierConfig(name="large", model_path=tiny_model_dir, max_running=4, max_queued=0)
+    engine = TorchEngine(config)
+    await engine.start()
+    scheduler = engine._scheduler
+    assert scheduler is not None
+    entered = threading.Event()
+    prefills: list[tuple[int, int]] = []  # (decode steps so far, requests in the pass)
+    prefill = scheduler._prefill
+
+    def observed_prefill(sequences: list[Any]) -> torch.Tensor:
+        prefills.append((scheduler.steps, len(sequences)))
+        if len(prefills) == 1:  # hold the first pass until the second request is in the inbox
+            entered.set()
+            deadline = time.monotonic() + 10
+            while scheduler._inbox.empty() and time.monotonic() < deadline:
+                time.sleep(0.001)
+        return prefill(sequences)
+
+    scheduler._prefill = observed_prefill  # type: ignore[method-assign]
+
+    async def collect(request: GenerationRequest) -> list[int]:
+        return [t async for chunk in engine.generate(request) for t in chunk.token_ids]
+
+    requests = [
+        GenerationRequest(request_id=f"r{i}", prompt=p, max_tokens=6)
+        for i, p in enumerate(PROMPTS[:2])
+    ]
+    try:
+        first = asyncio.create_task(collect(requests[0]))
+        assert await asyncio.to_thread(entered.wait, 10)
+        results = [await collect(requests[1]), await first]
+    finally:
+        await engine.shutdown()
+    assert prefills == [(0, 1), (0, 1)]
+    loaded = load_causal_lm(tiny_model_dir)
+    for request, tokens in zip([requests[1], requests[0]], results, strict=True):
         alone = decode_steps(
             loaded.model,
             encode_prompt(loaded.tokenizer, request.prompt),
