@@ -53,17 +53,32 @@ def pick_trace(
 
 
 def build_tree(spans: list[dict[str, Any]], others: Sequence[dict[str, Any]] = ()) -> Tree:
-    """The span tree of one trace; a span that links to a span among `others` (the router's
-    link to the gateway's or the SDK's span, whose context it did not trust) says so."""
+    """The span tree of one trace. A span of it that links to a span among `others` in another
+    trace (the router's link to the gateway's or the SDK's span, whose context it did not trust)
+    hangs under that span, in that caller's trace shown above it: one tree from the caller to
+    the engine, the link said on the linked span."""
     known = {s["span_id"]: s for s in others}
-    by_parent: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
-    ids = {s["span_id"] for s in spans}
-    for span in spans:
-        parent = span["parent_id"] if span["parent_id"] in ids else None
-        by_parent[parent].append(span)
-    start = min(s["start_ns"] for s in spans)
     trace_id = spans[0]["trace_id"]
-    tree = Tree(f"trace {trace_id}")
+    callers = {
+        link["span_id"]: known[link["span_id"]]
+        for span in spans
+        for link in span.get("links", [])  # records written before links were kept have none
+        if link["span_id"] in known
+        and known[link["span_id"]]["trace_id"] == link["trace_id"] != trace_id
+    }
+    caller_traces = sorted({c["trace_id"] for c in callers.values()})
+    joined = [s for s in others if s["trace_id"] in caller_traces] + spans
+    ids = {s["span_id"] for s in joined}
+    by_parent: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
+    for span in joined:
+        parent = span["parent_id"] if span["parent_id"] in ids else None
+        if parent is None and span["trace_id"] == trace_id:
+            parent = next(
+                (k["span_id"] for k in span.get("links", []) if k["span_id"] in callers), None
+            )
+        by_parent[parent].append(span)
+    start = min(s["start_ns"] for s in joined)
+    tree = Tree(", linked ".join(f"trace {t}" for t in [*caller_traces, trace_id]))
 
     def add(node: Tree, parent: str | None) -> None:
         for span in sorted(by_parent.get(parent, []), key=lambda s: s["start_ns"]):

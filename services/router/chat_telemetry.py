@@ -183,6 +183,7 @@ class ChatTelemetry:
         metadata: Sequence[tuple[str, Any]] | None,
         traced: bool = True,
         metered: bool = True,
+        start_ns: int | None = None,
     ) -> None:
         self.span: trace.Span | None = None
         # the chat span's context, parent of the others; untraced, a trusted caller's own
@@ -197,6 +198,7 @@ class ChatTelemetry:
                 context=context,
                 kind=SpanKind.SERVER,
                 links=links,
+                start_time=start_ns,
                 attributes={
                     **rpc_attributes("tiermesh.v1.RouterService/Chat"),
                     **genai_attributes(""),
@@ -344,13 +346,17 @@ class NoTelemetry:
 NO_TELEMETRY = NoTelemetry()
 
 
-def chat_telemetry(metadata: Sequence[tuple[str, Any]] | None) -> ChatTelemetry | NoTelemetry:
+def chat_telemetry(
+    metadata: Sequence[tuple[str, Any]] | None, start_ns: int | None = None
+) -> ChatTelemetry | NoTelemetry:
     """One chat's telemetry, as this process has it on: NO_TELEMETRY when it has neither a
-    tracer nor a meter provider, and no trusted caller context to pass on to the tiers."""
+    tracer nor a meter provider, and no trusted caller context to pass on to the tiers. The
+    chat's span starts at `start_ns` (time.time_ns() when the chat came in; default: now), the
+    time its `route` span starts at too, so no child starts before it."""
     traced, metered = tracing_on(), metrics_on()
     if not traced and not metered and _trusted_caller(metadata) is None:
         return NO_TELEMETRY
-    return ChatTelemetry(metadata, traced, metered)
+    return ChatTelemetry(metadata, traced, metered, start_ns)
 
 
 def _trusted_caller(metadata: Sequence[tuple[str, Any]] | None) -> Context | None:

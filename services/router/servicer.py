@@ -203,7 +203,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     ) -> AsyncIterator[router_pb2.ChatEvent]:
         clock = SessionClock()
         start_ns = time.time_ns()
-        telemetry = chat_telemetry(context.invocation_metadata())
+        telemetry = chat_telemetry(context.invocation_metadata(), start_ns)
         code, message = "OK", ""
         if self.inflight >= self._config.max_inflight:
             code = "RESOURCE_EXHAUSTED"

@@ -76,6 +76,14 @@ async def test_one_trace_from_sdk_to_engine(
     assert chat.parent is not None and chat.parent.span_id == sdk.context.span_id
     route = by_name(finished, "route", SpanKind.INTERNAL)
     assert route.parent is not None and route.parent.span_id == chat.context.span_id
+    # no span starts before its parent (one clock: the whole mesh runs in this process)
+    started = {s.context.span_id: s.start_time or 0 for s in finished}
+    early = [
+        s.name
+        for s in finished
+        if s.parent is not None and (s.start_time or 0) < started[s.parent.span_id]
+    ]
+    assert early == []
     for tier, revision in (("small", 0), ("large", 1)):
         # GenAI span names: {gen_ai.operation.name} {gen_ai.request.model}
         client_span = by_name(finished, f"chat {tier}", SpanKind.CLIENT)
@@ -179,11 +187,18 @@ async def test_the_router_starts_a_new_trace_for_an_untrusted_caller(
     chat_record = next(r for r in records if r["span_id"] == format(chat.context.span_id, "016x"))
     sdk_trace, sdk_span = format(sdk.context.trace_id, "032x"), format(sdk.context.span_id, "016x")
     assert chat_record["links"] == [{"trace_id": sdk_trace, "span_id": sdk_span}]
+    tree = build_tree([r for r in records if r["trace_id"] == chat_record["trace_id"]], records)
     console = Console(record=True, width=400)
-    console.print(
-        build_tree([r for r in records if r["trace_id"] == chat_record["trace_id"]], records)
-    )
+    console.print(tree)
     assert f"linked from chat tiermesh-test (trace {sdk_trace})" in console.export_text()
+    # one tree from the caller down: the SDK's span, the router's chat under it, the tier below
+    assert str(tree.label) == f"trace {sdk_trace}, linked trace {chat_record['trace_id']}"
+    [caller] = tree.children
+    assert str(caller.label).startswith("[bold]chat[/bold] [dim]")
+    [router_chat] = caller.children
+    assert str(router_chat.label).startswith("[bold]router Chat[/bold]")
+    tier_calls = [str(c.label) for c in router_chat.children]
+    assert any(label.startswith("[bold]chat small[/bold]") for label in tier_calls), tier_calls
 
 
 def _metric_points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
