@@ -55,6 +55,22 @@ def _greedy(
     return out
 
 
+def assert_answers_as_alone(
+    model_dir: Path, requests: list[GenerationRequest], results: list[list[int]]
+) -> None:
+    """Each request's greedy tokens equal decoding its prompt alone, one token at a time."""
+    loaded = load_causal_lm(model_dir)
+    for request, tokens in zip(requests, results, strict=True):
+        alone = decode_steps(
+            loaded.model,
+            encode_prompt(loaded.tokenizer, request.prompt),
+            max_new_tokens=request.max_tokens,
+            sampling=Sampling(),
+            eos_token_ids=loaded.eos_token_ids,
+        )
+        assert tokens == [t for t, _, _ in alone], request.prompt
+
+
 # prompts of similar lengths: attention runs as one call over them padded to the longest
 SIMILAR = [
     "What is your return policy?",
@@ -118,16 +134,7 @@ async def test_a_burst_is_prefilled_together_and_answers_as_alone(model_dir: Pat
     assert scheduler is not None
     assert scheduler.prefilled_requests == len(PROMPTS)
     assert scheduler.prefills < len(PROMPTS)  # some prompts shared a prefill pass
-    loaded = load_causal_lm(model_dir)
-    for request, tokens in zip(requests, results, strict=True):
-        alone = decode_steps(
-            loaded.model,
-            encode_prompt(loaded.tokenizer, request.prompt),
-            max_new_tokens=request.max_tokens,
-            sampling=Sampling(),
-            eos_token_ids=loaded.eos_token_ids,
-        )
-        assert tokens == [t for t, _, _ in alone], request.prompt
+    assert_answers_as_alone(model_dir, requests, results)
 
 
 async def test_a_request_arriving_during_a_prefill_starts_before_the_next_decode_step(
@@ -170,13 +177,4 @@ async def test_a_request_arriving_during_a_prefill_starts_before_the_next_decode
     finally:
         await engine.shutdown()
     assert prefills == [(0, 1), (0, 1)]
-    loaded = load_causal_lm(tiny_model_dir)
-    for request, tokens in zip([requests[1], requests[0]], results, strict=True):
-        alone = decode_steps(
-            loaded.model,
-            encode_prompt(loaded.tokenizer, request.prompt),
-            max_new_tokens=request.max_tokens,
-            sampling=Sampling(),
-            eos_token_ids=loaded.eos_token_ids,
-        )
-        assert tokens == [t for t, _, _ in alone], request.prompt
+    assert_answers_as_alone(tiny_model_dir, [requests[1], requests[0]], results)
