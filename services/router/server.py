@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["RouterService"].full_name
 DEFAULT_CONFIG = Path(__file__).with_name("config.toml")
 FIRST_REPORTS_S = 2.0  # at start, how long to wait for every tier's first load report
+# new tracked objects before the collector's youngest pass (CPython: 700). At 1,000 echo streams
+# (README, Performance; six runs of each build alternated): router CPU per chat 5% lower in every
+# pair, first-token p99 overhead median 25.8 ms against 34.5 with the default.
+ROUTER_YOUNG_OBJECTS = 20_000
 
 
 @dataclass
@@ -174,7 +178,8 @@ def parse_tier_targets(values: list[str]) -> dict[str, str] | None:
 
 async def _serve(config: RouterConfig, security: ServiceSecurity) -> None:
     telemetry = setup_telemetry("router", prometheus_port=config.metrics_port)
-    freeze_heap()  # imports and set-up out of the collector's reach (services/common/heap.py)
+    # imports and set-up out of the collector's reach, and fewer passes over open streams
+    freeze_heap(young_objects=ROUTER_YOUNG_OBJECTS)  # (services/common/heap.py)
     router = await start_router(config, security)
     log.info("router on %s, tiers %s", router.address, config.tiers)
     await serve_until_signalled(router.running, config.drain_grace_s, router.close_upstream)

@@ -44,3 +44,14 @@ def test_garbage_cycles_are_collected_and_live_objects_frozen(unfrozen_after: No
     alive = weakref.ref(kept)
     del kept
     assert alive() is None
+
+
+def test_young_objects_sets_only_the_youngest_generations_threshold(unfrozen_after: None) -> None:
+    before = gc.get_threshold()
+    try:
+        freeze_heap(young_objects=20_000)
+        assert gc.get_threshold() == (20_000, before[1], before[2])
+        freeze_heap()  # without it, the thresholds stay as they are
+        assert gc.get_threshold() == (20_000, before[1], before[2])
+    finally:
+        gc.set_threshold(*before)
