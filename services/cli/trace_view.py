@@ -59,23 +59,19 @@ def build_tree(spans: list[dict[str, Any]], others: Sequence[dict[str, Any]] = (
     the engine, the link said on the linked span."""
     known = {s["span_id"]: s for s in others}
     trace_id = spans[0]["trace_id"]
+    # each span's callers: the spans in other traces it links to
     callers = {
-        link["span_id"]: known[link["span_id"]]
+        span["span_id"]: [c for c in _link_targets(span, known) if c["trace_id"] != trace_id]
         for span in spans
-        for link in span.get("links", [])  # records written before links were kept have none
-        if link["span_id"] in known
-        and known[link["span_id"]]["trace_id"] == link["trace_id"] != trace_id
     }
-    caller_traces = sorted({c["trace_id"] for c in callers.values()})
+    caller_traces = sorted({c["trace_id"] for found in callers.values() for c in found})
     joined = [s for s in others if s["trace_id"] in caller_traces] + spans
     ids = {s["span_id"] for s in joined}
     by_parent: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
     for span in joined:
         parent = span["parent_id"] if span["parent_id"] in ids else None
-        if parent is None and span["trace_id"] == trace_id:
-            parent = next(
-                (k["span_id"] for k in span.get("links", []) if k["span_id"] in callers), None
-            )
+        if parent is None and callers.get(span["span_id"]):
+            parent = callers[span["span_id"]][0]["span_id"]
         by_parent[parent].append(span)
     start = min(s["start_ns"] for s in joined)
     tree = Tree(", linked ".join(f"trace {t}" for t in [*caller_traces, trace_id]))
@@ -96,15 +92,21 @@ def build_tree(spans: list[dict[str, Any]], others: Sequence[dict[str, Any]] = (
     return tree
 
 
+def _link_targets(span: dict[str, Any], known: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The spans in the file `span` links to, each in the trace its link names."""
+    return [
+        known[link["span_id"]]
+        for link in span.get("links", [])  # records written before links were kept have none
+        if link["span_id"] in known and known[link["span_id"]]["trace_id"] == link["trace_id"]
+    ]
+
+
 def _linked(span: dict[str, Any], known: dict[str, dict[str, Any]]) -> str:
     """`linked from <name> <service> (trace <id>)` for each linked span in the file."""
-    parts = []
-    for link in span.get("links", []):  # records written before links were kept have none
-        other = known.get(link["span_id"])
-        if other is not None and other["trace_id"] == link["trace_id"]:
-            parts.append(
-                f"linked from {other['name']} {other['service']} (trace {other['trace_id']})"
-            )
+    parts = [
+        f"linked from {other['name']} {other['service']} (trace {other['trace_id']})"
+        for other in _link_targets(span, known)
+    ]
     return f" [dim]{'; '.join(parts)}[/dim]" if parts else ""
 
 

@@ -184,16 +184,15 @@ class BatchScheduler:
         streams still wait for at most one budget of prompt tokens (and one prompt past it)."""
         budget = self._prefill_budget
         while budget > 0:
-            batch = self._take_waiting(waiting, budget)
+            batch, budget = self._take_waiting(waiting, budget)
             if not batch:
                 return
-            budget -= sum(len(s.prepared.prompt_ids) for s in batch)
             self._admit(batch)
             waiting = []
 
-    def _take_waiting(self, waiting: list[Sequence], budget: int) -> list[Sequence]:
+    def _take_waiting(self, waiting: list[Sequence], budget: int) -> tuple[list[Sequence], int]:
         """`waiting` and then the inbox's requests while their prompt tokens fit `budget`
-        (at least one request, when there is one)."""
+        (at least one request, when there is one), and the budget they leave."""
         budget -= sum(len(s.prepared.prompt_ids) for s in waiting)
         while budget > 0:
             try:
@@ -202,7 +201,7 @@ class BatchScheduler:
                 break
             budget -= len(sequence.prepared.prompt_ids)
             waiting.append(sequence)
-        return waiting
+        return waiting, budget
 
     def _drop_stopped(self) -> None:
         for sequence in list(self._active.values()):
