@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
 import grpc
-from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
+from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
 from services.common import grpc_service
 
@@ -214,8 +213,9 @@ class StallWatch:
 
 
 class TierCall:
-    """One Generate call to one tier, started at construction; read it with chunks(). A call
-    with no chunk for `stall_s` (the first included) is cancelled and fails UNAVAILABLE."""
+    """One Generate call to one replica of a tier, started at construction; read it with
+    chunks(). A call with no chunk for `stall_s` (the first included) is cancelled and fails
+    UNAVAILABLE. What its chunks carry is the chat session core's to keep (session_calls.py)."""
 
     def __init__(
         self,
@@ -229,43 +229,9 @@ class TierCall:
     ) -> None:
         self.tier = tier
         self.endpoint = endpoint
-        self.request_id = request.request_id
-        self.timeout_s = timeout_s
         self.stall_s = stall_s
         self.chunk_count = 0
         self.call = client.generate(tier, endpoint, request, timeout_s, metadata)
-        self.text = ""
-        self.token_ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.carried_tokens = 0  # tokens of a broken call this one continues (continue_from)
-        self.usage: common_pb2.Usage | None = None
-        self.finish_reason = ""
-        self.model = ""  # the answering model, "<tier>/<model>", from the tier's chunks
-        self.model_fingerprint = ""  # its checkpoint's fingerprint, sent with `model`
-        self.error: grpc.aio.AioRpcError | None = None  # the tier's failure, once read
-        self.revision: int | None = None  # the revision it produced, once shown
-        self.cancelled = False
-
-    def continue_from(self, broken: TierCall) -> None:
-        """This call continues `broken`'s answer (its request carries broken's tokens): its
-        text, tokens and usage then cover the whole answer, as if it had not broken."""
-        self.text, self.token_ids = broken.text, list(broken.token_ids)
-        self.logprobs = list(broken.logprobs)
-        self.carried_tokens = len(broken.token_ids)
-        # whose tokens they are, until this call's own chunks say (a continuation that breaks
-        # before its first chunk passes them on)
-        self.model, self.model_fingerprint = broken.model, broken.model_fingerprint
-
-    def _answer_usage(self, usage: common_pb2.Usage) -> common_pb2.Usage:
-        """The tier's usage, with a continued answer's carried tokens counted as completion
-        tokens (the tier counts them as prompt)."""
-        if not self.carried_tokens:
-            return usage
-        whole = common_pb2.Usage()
-        whole.CopyFrom(usage)
-        whole.prompt_tokens = max(0, usage.prompt_tokens - self.carried_tokens)
-        whole.completion_tokens = usage.completion_tokens + self.carried_tokens
-        return whole
 
     async def chunks(self) -> AsyncIterator[tier_pb2.GenerateChunk]:
         """The tier's chunks; raises grpc.aio.AioRpcError with the tier's status on failure."""
@@ -278,29 +244,18 @@ class TierCall:
                 if watch is not None:
                     watch.waiting_since = None
                 self.chunk_count += 1
-                self.text += chunk.text
-                self.token_ids.extend(chunk.token_ids)
-                self.logprobs.extend(chunk.logprobs)
-                if chunk.model:  # on the first chunk with a token and on the last
-                    self.model = chunk.model
-                    self.model_fingerprint = chunk.model_fingerprint
-                if chunk.finish_reason:
-                    self.finish_reason = chunk.finish_reason
-                    self.usage = self._answer_usage(chunk.usage)
                 yield chunk
                 if watch is not None:
                     watch.waiting_since = loop.time()
         except grpc.aio.AioRpcError as e:
-            self.error = self._stalled() if watch is not None and watch.fired else e
-            if self.error is not e:
-                raise self.error from None
-            raise
+            if watch is not None and watch.fired:
+                raise self._stalled() from None
+            raise e
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if watch is None or not watch.fired or (task is not None and task.cancelling()):
                 raise  # the router's own cancel, not the stall watch's
-            self.error = self._stalled()
-            raise self.error from None
+            raise self._stalled() from None
         finally:
             if watch is not None:
                 watch.stop()
@@ -309,19 +264,7 @@ class TierCall:
         assert self.stall_s is not None
         return stalled_error(self.tier, self.stall_s, self.chunk_count)
 
-    @property
-    def confidence(self) -> float:
-        """Geometric-mean probability of the tokens so far, in [0, 1] (0 when none)."""
-        if not self.logprobs:
-            return 0.0
-        return math.exp(sum(self.logprobs) / len(self.logprobs))
-
-    @property
-    def finished(self) -> bool:
-        return bool(self.finish_reason)
-
     def cancel(self) -> None:
         """Cancels the call upstream if it is still running (the tier aborts its work)."""
         if not self.call.done():
-            self.cancelled = True
             self.call.cancel()

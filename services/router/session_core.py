@@ -1,0 +1,504 @@
+"""One chat through the router as a state machine without I/O, in the manner of h11 or vLLM's
+scheduler: it takes what happens (a tier call's chunk, failure or end, the first-token timer, the
+client leaving) and returns what to do (session_actions.py: open a call on a tier with these
+continuation tokens, read it, cancel that one, emit this event, fail the chat). Every decision
+of a chat is made here; knows no gRPC, no asyncio and no clock (each input carries `now`, on the
+SessionClock's perf_counter scale). The driver, chat_session.py, only does what it is told.
+
+ROUTED and PINNED stream one tier as revision 0. PROGRESSIVE streams the draft tier as revision
+0 and opens the refine tier once the draft's first delta is out (cascade gate: once the draft
+ended unsure), so the refinement's prefill never delays the draft; the refinement then streams
+as revision 1 replacing the draft; a draft confident enough for the gate is the answer and the
+refinement is cancelled or never opened; a refinement that fails or runs over its budget leaves
+the draft as the answer. A ROUTED chat with a fallback tier and a first-token timeout opens the
+fallback tier when the first token is late; the first of the two to stream wins, the other is
+cancelled, and one that fails or ends before its first chunk loses.
+
+Failover: a failed call moves on to another replica of its tier while one is left untried,
+then along the plan's `fallbacks` (each tier at most once). One that fails before its first
+chunk is retried there unseen, in the same revision (on another tier only once, and only for
+ROUTED chats and refinements). One that fails after streaming is continued by another replica of
+its tier in the same revision (the replica prefills the prompt and the tokens already sent and
+decodes on: the client sees one unbroken text); on another tier it goes on as a new revision
+that replaces the broken one, its kept prefix computed against the text the client already has.
+A call a tier refused for overload moves on only to a tier that, by the driver's live view
+(`room`), would start it at once; else the refusal is relayed. Final.reason says what happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from tiermesh.v1 import router_pb2, tier_pb2
+
+from services.router.chat_events import RefinementSettled, TierCallOpening
+from services.router.chat_plan import ChatPlan, SessionClock, tier_request_id
+from services.router.revisions import KeptPrefix, delta, revision_end, revision_start
+from services.router.session_actions import (
+    Action,
+    CancelCall,
+    Fail,
+    OpenCall,
+    ReadCall,
+    StartTimer,
+    StopTimer,
+)
+from services.router.session_calls import (
+    FAILOVER_CODES,
+    CallState,
+    TierError,
+    describe,
+    ended_event,
+    final_event,
+    refine_failure,
+)
+
+FINAL_MARGIN_S = 0.05  # time kept back from the client's deadline to send Final after a refine
+
+
+@dataclass
+class RevisionStream:
+    """One revision relayed to the client from a chain of calls (the first, then those that
+    retry or continue it), or the start of the next revision after a broken one."""
+
+    call: CallState
+    revision: int
+    previous: str | None  # the text the client has of the revision this one replaces
+    retry_first: bool  # a failure before the first token may move on to another tier
+    refine_clock: bool  # its calls' timeouts come from the refine budget
+    failover: bool = True  # False (the draft): a failure ends it
+    open_refine_after_first: bool = False
+    started: bool = False  # RevisionStart was emitted
+    complete: bool = False  # its call finished normally
+    error: TierError | None = None
+    continuing: bool = False  # the call continues a broken call's answer (same revision)
+    kept: KeptPrefix | None = None
+    held: list[tier_pb2.GenerateChunk] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the failover did, for Final.reason
+
+    def __post_init__(self) -> None:
+        if self.previous is not None:
+            self.kept = KeptPrefix(self.previous)
+
+
+class SessionCore:
+    """One chat's decisions. Call start() once, then feed it what happens; each call returns the
+    actions to carry out in order. `done` once Final or Fail was returned. Not thread-safe."""
+
+    def __init__(
+        self,
+        plan: ChatPlan,
+        replicas: Mapping[str, int],
+        refine_budget_s: float,
+        clock: SessionClock,
+        deadline: float | None = None,
+        call_timeout_s: float | None = None,
+        call_id: Callable[[str, str], str] = tier_request_id,
+    ) -> None:
+        """`replicas`: how many replicas each tier has. `deadline`: the client's, on the clock's
+        scale (None: none); tier calls then carry what is left of it, else `call_timeout_s`.
+        `call_id(chat id, tier)` names a tier call."""
+        self.plan = plan
+        self.done = False
+        self.calls: list[CallState] = []
+        self._replicas = replicas
+        self._refine_budget_s = refine_budget_s
+        self._refine_deadline: float | None = None
+        self._clock = clock
+        self._deadline = deadline
+        self._call_timeout_s = call_timeout_s
+        self._call_id = call_id
+        self._phase = ""  # first_token, race, single, draft, refine, alone
+        self._stream: RevisionStream | None = None
+        self._racing: list[CallState] = []  # the first-token race: the calls still in it
+        self._race_reason = ""
+        self._draft: RevisionStream | None = None
+        self._refine: CallState | None = None
+        self._alone_note = ""
+        self._alone_failure: tuple[str, TierError] | None = None
+
+    # -- inputs ------------------------------------------------------------------------------
+
+    def start(self, now: float) -> list[Action]:
+        """Opens the first call, then RouteDecision (so the two overlap)."""
+        plan = self.plan
+        out: list[Action] = []
+        first = self._open(out, plan.tiers[0], self._remaining_s(now))
+        out += [router_pb2.ChatEvent(route=plan.decision), ReadCall(first.id)]
+        if plan.mode != router_pb2.MODE_PROGRESSIVE:
+            self._stream = RevisionStream(first, 0, None, plan.retry_first_token, False)
+            self._phase = "single"
+            if plan.fallback_tier and plan.first_token_timeout_s > 0:
+                self._phase, self._racing = "first_token", [first]
+                out.append(StartTimer(plan.first_token_timeout_s))
+        elif len(plan.tiers) == 1:  # the draft tier was down: the refine tier answers alone
+            self._stream = RevisionStream(first, 0, None, True, False)
+            self._phase, self._alone_note = "alone", "no draft"
+        else:
+            cascade = plan.gate == "cascade"
+            self._stream = RevisionStream(first, 0, None, False, False, False, not cascade)
+            self._draft, self._phase = self._stream, "draft"
+        return out
+
+    def opened(self, call: int, endpoint: str) -> None:
+        """The driver opened `call` on the replica `endpoint`."""
+        self.calls[call].endpoint = endpoint
+
+    def chunk(self, call: int, chunk: tier_pb2.GenerateChunk, now: float) -> list[Action]:
+        state, s = self.calls[call], self._stream
+        if not self._expects(state) or s is None:
+            return []
+        out = self._race_won(state) if self._racing else []
+        state.add(chunk)
+        return out + self._relay(s, chunk, now)
+
+    def ended(self, call: int, now: float) -> list[Action]:
+        """The call's stream ended without an error."""
+        state, s = self.calls[call], self._stream
+        if not self._expects(state) or s is None:
+            return []
+        state.over = True
+        if self._racing and (others := self._race_others(state)):
+            return self._race_lost(state, others)
+        out = self._race_alone(state) if self._racing else []
+        if not s.started:
+            out.append(self._begin(s, s.kept.at_end() if s.kept is not None else 0, now))
+            if s.held:  # a replacing revision's text still held when the stream ended
+                out.append(delta(s.revision, "".join(c.text for c in s.held), s.held))
+                s.held = []
+        s.complete = True
+        out += self._report(state)
+        out.append(revision_end(s.revision, state.finish_reason or "stop", state.usage))
+        return out + self._stream_over(now)
+
+    def failed(
+        self, call: int, error: TierError, now: float, room: frozenset[str] | None = None
+    ) -> list[Action]:
+        """The call failed. `room`: for a RESOURCE_EXHAUSTED refusal, the tiers with a replica
+        not yet tried that would start a call at once (None: any tier may be tried)."""
+        state, s = self.calls[call], self._stream
+        if not self._expects(state) or s is None:
+            return []
+        state.over, state.error = True, error
+        if self._racing and (others := self._race_others(state)):
+            return self._race_lost(state, others)
+        out = self._race_alone(state) if self._racing else []
+        s.error = error
+        out += self._report(state)
+        if not s.failover:
+            return out + self._give_up(s, now)
+        return out + self._failover(s, state, error, now, room)
+
+    def timer(self, now: float) -> list[Action]:
+        """The first-token timer fired: the fallback tier races the late call."""
+        if self._phase != "first_token" or self.plan.fallback_tier is None:
+            return []
+        out: list[Action] = []
+        backup = self._open(out, self.plan.fallback_tier, self._remaining_s(now))
+        self._racing.append(backup)
+        self._phase = "race"
+        return [*out, ReadCall(backup.id)]
+
+    def client_left(self) -> list[Action]:
+        """The client went away (or the chat ended): cancel every call still running."""
+        self.done = True
+        return [cancel for call in self.calls for cancel in self._cancel(call)]
+
+    def _expects(self, call: CallState) -> bool:
+        """Whether input from `call` means anything now: it runs and is being read."""
+        if call.over or self.done:
+            return False
+        return call in self._racing if self._racing else call is self._stream_call()
+
+    def _stream_call(self) -> CallState | None:
+        return self._stream.call if self._stream is not None else None
+
+    # -- the first-token race ----------------------------------------------------------------
+
+    def _race_won(self, winner: CallState) -> list[Action]:
+        """`winner` streamed first: the rest of the race is cancelled; it is the answer's call."""
+        out: list[Action] = [StopTimer()] if self._phase == "first_token" else []
+        for other in self._racing:
+            if other is not winner:
+                out += self._cancel(other) + self._report(other)
+        self._settle_race(winner)
+        return out
+
+    def _race_others(self, call: CallState) -> list[CallState]:
+        return [c for c in self._racing if c is not call]
+
+    def _race_lost(self, loser: CallState, others: list[CallState]) -> list[Action]:
+        """`loser` ended or failed before its first chunk while others still race: it is out."""
+        self._racing = others
+        if len(others) == 1:
+            self._settle_race(others[0])
+        return self._report(loser)
+
+    def _race_alone(self, call: CallState) -> list[Action]:
+        """The last call of the race ended or failed: its end is the answer's, as usual."""
+        out: list[Action] = [StopTimer()] if self._phase == "first_token" else []
+        self._settle_race(call)
+        return out
+
+    def _settle_race(self, call: CallState) -> None:
+        assert self._stream is not None
+        plan = self.plan
+        if call is not self.calls[0]:
+            ms = plan.first_token_timeout_s * 1000
+            self._race_reason = (
+                f"no first token from {plan.tiers[0]} within {ms:.0f} ms; answered by {call.tier}"
+            )
+        self._stream.call, self._racing, self._phase = call, [], "single"
+
+    # -- one revision ----------------------------------------------------------------------------
+
+    def _relay(self, s: RevisionStream, chunk: tier_pb2.GenerateChunk, now: float) -> list[Action]:
+        """A chunk of the stream's call as the client sees it. A replacing revision holds its
+        text until its kept prefix is known; the first Delta follows RevisionStart."""
+        if s.started:
+            # a last chunk of only its finish and usage has no Delta: RevisionEnd says both
+            if chunk.text or chunk.token_ids:
+                return [delta(s.revision, chunk.text, [chunk])]
+            return []
+        s.held.append(chunk)
+        keep = 0
+        if s.kept is not None:
+            decided = s.kept.feed(chunk.text)
+            if decided is None and not chunk.finish_reason:
+                return []
+            keep = s.kept.at_end() if decided is None else decided
+        out: list[Action] = [
+            self._begin(s, keep, now),
+            delta(s.revision, "".join(c.text for c in s.held), s.held),
+        ]
+        s.held = []
+        if s.open_refine_after_first:
+            s.open_refine_after_first = False
+            self._refine = self._open(out, self.plan.tiers[-1], self._refine_timeout_s(now))
+        return out
+
+    def _begin(self, s: RevisionStream, keep: int, now: float) -> router_pb2.ChatEvent:
+        s.started = True
+        s.call.revision = s.revision
+        ms = (now - self._clock.start) * 1000
+        if not self._clock.ttft_ms:
+            self._clock.ttft_ms = ms
+        if s.revision == 0:
+            self._clock.first_draft_ms = ms
+        replaces = s.revision - 1 if s.previous is not None else None
+        return revision_start(s.revision, s.call.tier, replaces, keep)
+
+    def _broken_end(self, s: RevisionStream) -> list[Action]:
+        """RevisionEnd of a revision its call broke after streaming (nothing otherwise)."""
+        if not s.started or s.error is None:
+            return []
+        finish = "timeout" if s.error.code == "DEADLINE_EXCEEDED" else "error"
+        return [revision_end(s.revision, finish, s.call.usage, describe(s.error))]
+
+    def _give_up(self, s: RevisionStream, now: float) -> list[Action]:
+        return self._broken_end(s) + self._stream_over(now)
+
+    # -- failover --------------------------------------------------------------------------------
+
+    def _failover(
+        self,
+        s: RevisionStream,
+        call: CallState,
+        error: TierError,
+        now: float,
+        room: frozenset[str] | None,
+    ) -> list[Action]:
+        """Where a failed call's revision goes on: another replica, the next tier, or nowhere."""
+        # a replica of another model refuses a continuation: that moves on too
+        if error.code not in FAILOVER_CODES and not (
+            s.continuing and error.code == "FAILED_PRECONDITION"
+        ):
+            return self._give_up(s, now)
+        if error.code != "RESOURCE_EXHAUSTED":
+            room = None
+        if self._untried(call.tier) and (room is None or call.tier in room):
+            after, where = call.tier, f"another {call.tier} replica"
+        else:
+            called = {c.tier for c in self.calls}
+            left = [
+                tier
+                for tier in self.plan.fallbacks
+                if tier not in called and (room is None or tier in room)
+            ]
+            if not left:
+                return self._give_up(s, now)
+            after = where = left[0]
+        who = f"{self._who(call)} failed"
+        timeout_s = self._refine_timeout_s(now) if s.refine_clock else self._remaining_s(now)
+        out: list[Action] = []
+        if s.started and after == call.tier:  # same revision, on another replica
+            s.notes.append(
+                f"{who} after {len(call.text)} characters ({describe(error)}); "
+                f"{where} continued revision {s.revision}"
+            )
+            s.call = self._open(out, after, timeout_s, broken=call)
+            s.call.revision, s.continuing, s.error = s.revision, True, None
+            return [*out, ReadCall(s.call.id)]
+        out += self._broken_end(s)
+        if s.started:
+            s.notes.append(
+                f"{who} after {len(call.text)} characters ({describe(error)}); "
+                f"{where} went on as revision {s.revision + 1}"
+            )
+            s.previous, s.revision, s.started = call.text, s.revision + 1, False
+        elif after == call.tier or s.retry_first:
+            s.notes.append(f"{who} before its first token ({describe(error)}); retried on {where}")
+            s.retry_first = s.retry_first and after == call.tier
+        else:
+            return out + self._stream_over(now)
+        s.kept = KeptPrefix(s.previous) if s.previous is not None else None
+        s.continuing, s.error, s.held = False, None, []
+        s.call = self._open(out, after, timeout_s)
+        return [*out, ReadCall(s.call.id)]
+
+    def _untried(self, tier: str) -> bool:
+        """Whether a replica of `tier` has not had a call of this chat yet."""
+        tried = {c.endpoint for c in self.calls if c.tier == tier}
+        return self._replicas.get(tier, 1) > len(tried)
+
+    def _who(self, call: CallState) -> str:
+        """The call's tier, and its replica when the tier has several."""
+        if self._replicas.get(call.tier, 1) > 1:
+            return f"{call.tier} ({call.endpoint})"
+        return call.tier
+
+    # -- how a chat ends ---------------------------------------------------------------------------
+
+    def _stream_over(self, now: float) -> list[Action]:
+        """The current revision stream is complete, or failed with nowhere left to go."""
+        s = self._stream
+        assert s is not None
+        if self._phase == "draft":
+            return self._draft_over(s, now)
+        if self._phase == "refine":
+            return self._refine_over(s, now)
+        if not s.complete:
+            assert s.error is not None
+            failure = self._alone_failure if self._phase == "alone" else None
+            return self._fail(*(failure or (s.call.tier, s.error)))
+        answered = f"answered by {s.call.tier}"
+        if self._phase == "alone":
+            reason = "; ".join([self._alone_note, *s.notes, answered])
+        elif s.notes:
+            reason = "; ".join([*s.notes, answered])
+        else:
+            reason = self._race_reason or answered
+        return self._final(s.call, s.revision, reason, None, now)
+
+    def _draft_over(self, draft: RevisionStream, now: float) -> list[Action]:
+        plan, call = self.plan, draft.call
+        if draft.complete and plan.gate != "always" and call.confidence >= plan.min_confidence:
+            verdict = "cancelled" if self._refine is not None else "skipped"
+            reason = (
+                f"draft confident ({call.confidence:.2f} >= {plan.min_confidence:.2f}); "
+                f"refinement {verdict}"
+            )
+            return self._final(call, 0, reason, verdict, now)
+        out: list[Action] = []
+        if self._refine is None:
+            self._refine = self._open(out, plan.tiers[-1], self._refine_timeout_s(now))
+        refine = self._refine
+        if not draft.started:  # the draft tier failed before any output: refine answers alone
+            assert draft.error is not None
+            self._alone_note = f"draft tier {call.tier} failed ({describe(draft.error)})"
+            self._alone_failure = (call.tier, draft.error)
+            self._stream, self._phase = RevisionStream(refine, 0, None, True, True), "alone"
+        else:
+            self._stream = RevisionStream(refine, 1, call.text, True, True)
+            self._phase = "refine"
+        return [*out, ReadCall(refine.id)]
+
+    def _refine_over(self, s: RevisionStream, now: float) -> list[Action]:
+        plan, draft = self.plan, self._draft
+        assert draft is not None
+        notes = s.notes
+        if draft.error is not None:
+            broken = f"after {len(draft.call.text)} characters ({describe(draft.error)})"
+            notes = [f"draft by {draft.call.tier} failed {broken}", *notes]
+        if s.complete:
+            reason = f"refined by {s.call.tier}"
+            if plan.gate != "always":
+                confidence = draft.call.confidence
+                reason += f" (draft unsure: {confidence:.2f} < {plan.min_confidence:.2f})"
+            return self._final(s.call, s.revision, "; ".join([*notes, reason]), "completed", now)
+        assert s.error is not None
+        if draft.complete:
+            failure = "; ".join([*notes, refine_failure(s.call, s.error)])
+            timed_out = s.error.code == "DEADLINE_EXCEEDED"
+            return self._final(draft.call, 0, failure, "timeout" if timed_out else "failed", now)
+        assert draft.error is not None
+        return self._fail(draft.call.tier, draft.error)
+
+    def _final(
+        self, call: CallState, revision: int, reason: str, refinement: str | None, now: float
+    ) -> list[Action]:
+        """Cancels what still runs, then: its TierCallEnded events, the refinement's outcome
+        (PROGRESSIVE) and Final naming `call`'s revision as the answer."""
+        out: list[Action] = []
+        for other in self.calls:
+            out += self._cancel(other) + self._report(other)
+        if refinement is not None:
+            out.append(RefinementSettled(refinement))
+        out.append(final_event(self.calls, call, revision, reason, self._clock, now))
+        self.done = True
+        return out
+
+    def _fail(self, tier: str, error: TierError) -> list[Action]:
+        self.done = True
+        return [Fail(tier, error)]
+
+    # -- calls -----------------------------------------------------------------------------------
+
+    def _open(
+        self,
+        out: list[Action],
+        tier: str,
+        timeout_s: float | None,
+        broken: CallState | None = None,
+    ) -> CallState:
+        """A new call on `tier` (with `broken`, one continuing its answer), announced in `out`."""
+        request_id = self._call_id(self.plan.request_id, tier)
+        call = CallState(len(self.calls), tier, request_id, timeout_s)
+        continuation = call.continue_from(broken) if broken is not None else None
+        self.calls.append(call)
+        out.append(OpenCall(call.id, TierCallOpening(tier, request_id), timeout_s, continuation))
+        return call
+
+    def _cancel(self, call: CallState) -> list[Action]:
+        if call.over:
+            return []
+        call.over = call.cancelled = True
+        return [CancelCall(call.id)]
+
+    def _report(self, call: CallState) -> list[Action]:
+        """The call's TierCallEnded, once: by its failure, its finish, or else as cancelled."""
+        if call.reported:
+            return []
+        call.reported = True
+        return [ended_event(call)]
+
+    def _client_remaining_s(self, now: float) -> float | None:
+        """Seconds left of the client's deadline; None when it set none."""
+        return None if self._deadline is None else max(0.001, self._deadline - now)
+
+    def _remaining_s(self, now: float) -> float | None:
+        """The timeout of a tier call: the client's deadline, else the configured default."""
+        remaining = self._client_remaining_s(now)
+        return self._call_timeout_s if remaining is None else remaining
+
+    def _refine_timeout_s(self, now: float) -> float:
+        """What is left of the refinement's budget (which starts with its first call), within
+        the client's deadline."""
+        if self._refine_deadline is None:
+            self._refine_deadline = now + self._refine_budget_s
+        budget = max(0.001, self._refine_deadline - now)
+        remaining = self._client_remaining_s(now)
+        if remaining is None:
+            return budget
+        return max(0.001, min(budget, remaining - FINAL_MARGIN_S))
