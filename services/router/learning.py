@@ -40,10 +40,10 @@ class RoutingLessons:
         # what Feedback rewards, and who may give it
         self._recent: OrderedDict[str, tuple[RouteChoice, str, str]] = OrderedDict()
 
-    def observer(self, plan: ChatPlan, caller: str = "") -> ChatLessons:
-        """The observer of one planned chat's events; `caller` identifies who asked (the API
-        key's id; empty without keys)."""
-        return ChatLessons(self, plan, caller)
+    def observer(self, plan: ChatPlan, choice: RouteChoice, caller: str = "") -> ChatLessons:
+        """The observer of one planned chat's events, `choice` the policy's view of it;
+        `caller` identifies who asked (the API key's id; empty without keys)."""
+        return ChatLessons(self, plan, choice, caller)
 
     def feedback(self, request_id: str, score: float, caller: str = "") -> bool:
         """Rewards the tier that answered `request_id` with `score` in [0, 1], once: False when
@@ -66,6 +66,7 @@ class RoutingLessons:
     def answered(
         self,
         plan: ChatPlan,
+        choice: RouteChoice,
         tier: str,
         draft: str | None,
         refined: str | None,
@@ -73,24 +74,25 @@ class RoutingLessons:
     ) -> None:
         """Remembers the decision; with both a complete draft and a complete refinement, the
         refine tier was right and the draft tier right only if the answers agree."""
-        if plan.choice is None:
-            return
-        self._recent[plan.request_id] = (plan.choice, tier, caller)
+        self._recent[plan.request_id] = (choice, tier, caller)
         self._recent.move_to_end(plan.request_id)
         while len(self._recent) > self._memory:
             self._recent.popitem(last=False)
         if draft is not None and refined is not None:
             same = self._agree(draft, refined)
-            self._policy.learn(plan.choice, plan.tiers[0], 1.0 if same else 0.0)
-            self._policy.learn(plan.choice, plan.tiers[1], 1.0)
+            self._policy.learn(choice, plan.tiers[0], 1.0 if same else 0.0)
+            self._policy.learn(choice, plan.tiers[1], 1.0)
 
 
 class ChatLessons:
     """Collects one chat's revision texts from its deltas; at Final, hands what it saw over."""
 
-    def __init__(self, lessons: RoutingLessons, plan: ChatPlan, caller: str = "") -> None:
+    def __init__(
+        self, lessons: RoutingLessons, plan: ChatPlan, choice: RouteChoice, caller: str = ""
+    ) -> None:
         self._lessons = lessons
         self._plan = plan
+        self._choice = choice
         self._caller = caller
         self._texts: dict[int, list[str]] = {}
         self._complete: set[int] = set()  # revisions whose tier finished without error
@@ -105,7 +107,9 @@ class ChatLessons:
         elif event.HasField("final"):
             progressive = self._plan.mode == router_pb2.MODE_PROGRESSIVE
             draft, refined = (self._text(0), self._text(1)) if progressive else (None, None)
-            self._lessons.answered(self._plan, event.final.tier, draft, refined, self._caller)
+            self._lessons.answered(
+                self._plan, self._choice, event.final.tier, draft, refined, self._caller
+            )
 
     def _text(self, revision: int) -> str | None:
         """The revision's text if it completed, else None."""

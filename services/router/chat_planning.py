@@ -1,0 +1,183 @@
+"""What runs for one chat, decided from the request, the router's config and the tiers' live
+state: the request checked field by field (ChatRequestFields), then the plan (plan_chat): mode,
+tiers (pinned; draft and refine; or the policy's choice with load- and health-aware fallback),
+where a failed call moves on, and the RouteDecision the client sees.
+
+Pure functions over plain data: no calls, no clock, no policy of its own (the policy's choice
+comes in as an argument). Raises InvalidArgument for a bad request, TiersFull when every tier
+that could take the chat reports itself full.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import cast
+
+from tiermesh.client.requests import MODE_NAMES
+from tiermesh.v1 import common_pb2, router_pb2, tier_pb2
+
+from services.common.config import GATES, RouterConfig
+from services.common.errors import InvalidArgument
+from services.common.tiers import check_tier
+from services.common.validation import (
+    check_max_tokens,
+    check_request_id,
+    check_sampling,
+    conversation,
+)
+from services.router.chat_plan import ChatPlan
+from services.router.fallback import Down, choose_with_fallback, fallback_chain, fallback_order
+from services.router.policy import Loads, RouteChoice, RoutingInput
+
+# request mode -> the mode the router runs: the client's named modes, unset meaning routed
+MODES: dict[int, router_pb2.Mode] = {router_pb2.MODE_UNSPECIFIED: router_pb2.MODE_ROUTED}
+MODES |= {mode: cast("router_pb2.Mode", mode) for mode in MODE_NAMES}
+
+
+@dataclass(frozen=True)
+class ChatRequestFields:
+    """A ChatRequest's fields, checked, with the router's defaults filled in."""
+
+    request_id: str
+    mode: router_pb2.Mode
+    turns: tuple[tuple[str, str], ...]
+    max_tokens: int
+    sampling: common_pb2.SamplingParams
+    gate: str
+    tier: str  # PINNED: the tier asked for
+    draft_tier: str  # PROGRESSIVE: the tiers asked for (defaults filled in)
+    refine_tier: str
+
+    @property
+    def routing_input(self) -> RoutingInput:
+        """What a routing policy reads of the chat."""
+        return RoutingInput(self.turns, self.max_tokens)
+
+
+def check_chat_request(request: router_pb2.ChatRequest, config: RouterConfig) -> ChatRequestFields:
+    """The request's fields, or InvalidArgument naming the first bad one."""
+    check_request_id(request.request_id)
+    if request.mode not in MODES:
+        expected = [router_pb2.Mode.Name(m) for m in MODE_NAMES]
+        raise InvalidArgument(
+            f"mode: unknown mode {request.mode} "
+            f"(expected {', '.join(expected[:-1])} or {expected[-1]})"
+        )
+    turns = conversation(list(request.messages), request.prompt, config.max_prompt_chars)
+    max_tokens = config.default_max_tokens
+    if request.HasField("max_tokens"):
+        max_tokens = check_max_tokens(request.max_tokens, config.max_tokens)
+    check_sampling(request.sampling)
+    gate = request.progressive_gate or config.progressive_gate
+    if gate not in GATES:
+        raise InvalidArgument(f"progressive_gate: {gate!r} is not one of {', '.join(GATES)}")
+    return ChatRequestFields(
+        request_id=request.request_id or uuid.uuid4().hex,
+        mode=MODES[request.mode],
+        turns=tuple(turns),
+        max_tokens=max_tokens,
+        sampling=request.sampling,
+        gate=gate,
+        tier=request.tier,
+        draft_tier=request.draft_tier or config.draft_tier,
+        refine_tier=request.refine_tier or config.refine_tier,
+    )
+
+
+def plan_chat(
+    chat: ChatRequestFields,
+    config: RouterConfig,
+    loads: Loads,
+    down: Down,
+    choice: RouteChoice | None = None,
+) -> ChatPlan:
+    """The complete plan of a checked chat. `choice` is the routing policy's for this chat:
+    required for ROUTED (it picks the tier); for PINNED and PROGRESSIVE, whose tiers do not
+    depend on it, it may be None (RouteDecision.complexity 0: the caller reports it later)."""
+    if chat.mode == router_pb2.MODE_PINNED:
+        tiers, fallbacks, policy, reason = _pinned(chat, config, loads, down)
+    elif chat.mode == router_pb2.MODE_PROGRESSIVE:
+        tiers, fallbacks, policy, reason = _progressive(chat, config, loads, down)
+    else:
+        if choice is None:
+            raise ValueError("a ROUTED chat is planned with the policy's choice")
+        tier, note, fallbacks = choose_with_fallback(choice.tier, loads, config, down)
+        tiers = (_configured(tier, "tier", config),)
+        policy, reason = choice.policy, choice.reason + note
+    routed = chat.mode == router_pb2.MODE_ROUTED
+    generate = tier_pb2.GenerateRequest(
+        max_tokens=chat.max_tokens,
+        sampling=chat.sampling,
+        messages=[{"role": role, "content": content} for role, content in chat.turns],
+    )
+    decision = router_pb2.RouteDecision(
+        request_id=chat.request_id,
+        mode=chat.mode,
+        tiers=tiers,
+        complexity=choice.complexity if choice is not None else 0.0,
+        policy=policy,
+        reason=reason,
+    )
+    return ChatPlan(
+        chat.request_id,
+        chat.mode,
+        tiers,
+        generate,
+        decision,
+        fallback_tier=fallbacks[0] if fallbacks and routed else None,
+        first_token_timeout_s=config.first_token_timeout_ms / 1000,
+        fallbacks=fallbacks,
+        retry_first_token=routed,
+        gate=chat.gate,
+        min_confidence=config.min_draft_confidence,
+        choice=choice,
+    )
+
+
+Tiers = tuple[tuple[str, ...], tuple[str, ...], str, str]  # tiers, fallbacks, policy, reason
+
+
+def _pinned(chat: ChatRequestFields, config: RouterConfig, loads: Loads, down: Down) -> Tiers:
+    if not chat.tier:
+        raise InvalidArgument("tier: required with MODE_PINNED")
+    tier = _configured(chat.tier, "tier", config)
+    choose_with_fallback(tier, loads, config, down)  # TiersFull if every tier is full
+    # a pinned call's failover follows its own tier's chain, whichever tier could take it
+    return (tier,), fallback_order(tier, loads, config, down), "pinned", f"pinned to {tier}"
+
+
+def _progressive(chat: ChatRequestFields, config: RouterConfig, loads: Loads, down: Down) -> Tiers:
+    """(draft, refine), or (refine,) alone when the draft tier is down; a refine tier that is
+    down gives way to the first able tier of its fallback chain. The reason says so."""
+    draft = _configured(chat.draft_tier, "draft_tier", config)
+    refine = _configured(chat.refine_tier, "refine_tier", config)
+    if draft == refine:
+        raise InvalidArgument(f"refine_tier: must differ from draft_tier ({draft})")
+    notes = []
+    if (why := down(refine)) is not None:
+        chain = fallback_chain(refine, config)
+        backup = next((t for t in chain if t != draft and down(t) is None), None)
+        if backup is not None:
+            notes.append(f"{why} → refined by {backup}")
+            refine = backup
+    tiers: tuple[str, ...] = (draft, refine)
+    if (why := down(draft)) is not None:
+        notes.append(f"{why}: no draft")
+        tiers = (refine,)
+    reason = f"draft from {draft}, refined by {refine}"
+    if chat.gate != "always":
+        reason += f"; gate {chat.gate} at draft confidence {config.min_draft_confidence:.2f}"
+    reason += "".join(f"; {note}" for note in notes)
+    choose_with_fallback(refine, loads, config, down)  # TiersFull if every tier is full
+    then = fallback_order(refine, loads, config, down)
+    # with a draft to keep, a refinement moves on only to tiers able to take it
+    fallbacks = then if len(tiers) == 1 else tuple(t for t in then if down(t) is None)
+    return tiers, fallbacks, "progressive", reason
+
+
+def _configured(tier: str, field: str, config: RouterConfig) -> str:
+    check_tier(tier, field)
+    if tier not in config.tiers:
+        raise InvalidArgument(f"{field}: tier {tier!r} is not configured on this router")
+    return tier
