@@ -28,13 +28,13 @@ A call a tier refused for overload moves on only to a tier that, by the driver's
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 from tiermesh.v1 import router_pb2, tier_pb2
 
 from services.router.chat_events import RefinementSettled, TierCallOpening
 from services.router.chat_plan import ChatPlan, SessionClock, tier_request_id
-from services.router.revisions import KeptPrefix, delta, revision_end, revision_start
+from services.router.revision_stream import RevisionStream
+from services.router.revisions import KeptPrefix, revision_end
 from services.router.session_actions import (
     Action,
     CancelCall,
@@ -55,31 +55,6 @@ from services.router.session_calls import (
 )
 
 FINAL_MARGIN_S = 0.05  # time kept back from the client's deadline to send Final after a refine
-
-
-@dataclass
-class RevisionStream:
-    """One revision relayed to the client from a chain of calls (the first, then those that
-    retry or continue it), or the start of the next revision after a broken one."""
-
-    call: CallState
-    revision: int
-    previous: str | None  # the text the client has of the revision this one replaces
-    retry_first: bool  # a failure before the first token may move on to another tier
-    refine_clock: bool  # its calls' timeouts come from the refine budget
-    failover: bool = True  # False (the draft): a failure ends it
-    open_refine_after_first: bool = False
-    started: bool = False  # RevisionStart was emitted
-    complete: bool = False  # its call finished normally
-    error: TierError | None = None
-    continuing: bool = False  # the call continues a broken call's answer (same revision)
-    kept: KeptPrefix | None = None
-    held: list[tier_pb2.GenerateChunk] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # what the failover did, for Final.reason
-
-    def __post_init__(self) -> None:
-        if self.previous is not None:
-            self.kept = KeptPrefix(self.previous)
 
 
 class SessionCore:
@@ -151,7 +126,11 @@ class SessionCore:
             return []
         out = self._race_won(state) if self._racing else []
         state.add(chunk)
-        return out + self._relay(s, chunk, now)
+        out += s.relay(chunk, self._clock, now)
+        if s.open_refine_after_first and s.started:  # the draft's first delta is out
+            s.open_refine_after_first = False
+            self._refine = self._open(out, self.plan.tiers[-1], self._refine_timeout_s(now))
+        return out
 
     def ended(self, call: int, now: float) -> list[Action]:
         """The call's stream ended without an error."""
@@ -162,12 +141,7 @@ class SessionCore:
         if self._racing and (others := self._race_others(state)):
             return self._race_lost(state, others)
         out = self._race_alone(state) if self._racing else []
-        if not s.started:
-            out.append(self._begin(s, s.kept.at_end() if s.kept is not None else 0, now))
-            if s.held:  # a replacing revision's text still held when the stream ended
-                out.append(delta(s.revision, "".join(c.text for c in s.held), s.held))
-                s.held = []
-        s.complete = True
+        out += s.complete_at_end(self._clock, now)
         out += self._report(state)
         out.append(revision_end(s.revision, state.finish_reason or "stop", state.usage))
         return out + self._stream_over(now)
@@ -251,53 +225,9 @@ class SessionCore:
             )
         self._stream.call, self._racing, self._phase = call, [], "single"
 
-    # -- one revision ----------------------------------------------------------------------------
-
-    def _relay(self, s: RevisionStream, chunk: tier_pb2.GenerateChunk, now: float) -> list[Action]:
-        """A chunk of the stream's call as the client sees it. A replacing revision holds its
-        text until its kept prefix is known; the first Delta follows RevisionStart."""
-        if s.started:
-            # a last chunk of only its finish and usage has no Delta: RevisionEnd says both
-            if chunk.text or chunk.token_ids:
-                return [delta(s.revision, chunk.text, [chunk])]
-            return []
-        s.held.append(chunk)
-        keep = 0
-        if s.kept is not None:
-            decided = s.kept.feed(chunk.text)
-            if decided is None and not chunk.finish_reason:
-                return []
-            keep = s.kept.at_end() if decided is None else decided
-        out: list[Action] = [
-            self._begin(s, keep, now),
-            delta(s.revision, "".join(c.text for c in s.held), s.held),
-        ]
-        s.held = []
-        if s.open_refine_after_first:
-            s.open_refine_after_first = False
-            self._refine = self._open(out, self.plan.tiers[-1], self._refine_timeout_s(now))
-        return out
-
-    def _begin(self, s: RevisionStream, keep: int, now: float) -> router_pb2.ChatEvent:
-        s.started = True
-        s.call.revision = s.revision
-        ms = (now - self._clock.start) * 1000
-        if not self._clock.ttft_ms:
-            self._clock.ttft_ms = ms
-        if s.revision == 0:
-            self._clock.first_draft_ms = ms
-        replaces = s.revision - 1 if s.previous is not None else None
-        return revision_start(s.revision, s.call.tier, replaces, keep)
-
-    def _broken_end(self, s: RevisionStream) -> list[Action]:
-        """RevisionEnd of a revision its call broke after streaming (nothing otherwise)."""
-        if not s.started or s.error is None:
-            return []
-        finish = "timeout" if s.error.code == "DEADLINE_EXCEEDED" else "error"
-        return [revision_end(s.revision, finish, s.call.usage, describe(s.error))]
-
     def _give_up(self, s: RevisionStream, now: float) -> list[Action]:
-        return self._broken_end(s) + self._stream_over(now)
+        """The revision stream ends where it is (RevisionEnd if it broke after streaming)."""
+        return s.broken_end() + self._stream_over(now)
 
     # -- failover --------------------------------------------------------------------------------
 
@@ -340,7 +270,7 @@ class SessionCore:
             s.call = self._open(out, after, timeout_s, broken=call)
             s.call.revision, s.continuing, s.error = s.revision, True, None
             return [*out, ReadCall(s.call.id)]
-        out += self._broken_end(s)
+        out += s.broken_end()
         if s.started:
             s.notes.append(
                 f"{who} after {len(call.text)} characters ({describe(error)}); "
