@@ -12,16 +12,16 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import grpc
 from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
-from services.launcher.local_mesh import free_port, is_serving
+from services.common.child_process import spawn, stop_process
+from services.common.ports import free_port
+from services.common.serving import NotServingError, wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,27 +33,19 @@ def one_start(model: Path, loading: str, tier: str, work: Path) -> dict[str, flo
         f'name = "{tier}"\nmodel_path = "{model.resolve()}"\nport = {port}\n'
         f'weights_loading = "{loading}"\nmax_running = 16\nmax_tokens = 200\n'
     )
-    log = (work / f"{loading}.log").open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", f"services.tier_{tier}", "--config", str(config)],
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    log = work / f"{loading}.log"
+    command = [sys.executable, "-m", f"services.tier_{tier}", "--config", str(config)]
+    process = spawn(command, log, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
     address = f"127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 600
-        while not is_serving(address):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"tier did not serve; see {work / (loading + '.log')}")
-            time.sleep(0.2)
+        try:
+            wait_serving(address, 600, exited=process.poll)
+        except NotServingError as e:
+            raise SystemExit(f"tier did not serve ({e}); see {log}") from None
         with grpc.insecure_channel(address) as channel:
             status = tier_pb2_grpc.TierServiceStub(channel).GetStatus(tier_pb2.GetStatusRequest())
     finally:
-        process.terminate()
-        process.wait(30)
-        log.close()
+        stop_process(process, grace_s=30)
     phases = {phase.name: phase.seconds for phase in status.startup_phases}
     return {**phases, "total": status.startup_s}
 

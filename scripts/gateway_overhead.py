@@ -23,29 +23,36 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from services.launcher.local_mesh import (  # noqa: E402
-    free_base_port,
-    is_http_healthy,
-    is_serving,
-)
+from services.common.child_process import spawn, stop_process  # noqa: E402
+from services.common.serving import NotServingError, wait_serving  # noqa: E402
+from services.launcher.local_mesh import free_base_port, is_http_healthy  # noqa: E402
 
 TIERMESH = [sys.executable, "-m", "services.cli"]
 BENCH_DEFAULTS = ["--duration", "20", "--warmup", "4", "--rate", "6", "--max-tokens", "64"]
 START_TIMEOUT_S = 240.0
 
 
-def wait_serving(base: int, proc: subprocess.Popen[bytes], log: Path) -> bool:
-    grpc_addresses = [f"127.0.0.1:{base + offset}" for offset in (0, 10, 11, 12)]
-    health = f"http://127.0.0.1:{base + 40}/health"
+def mesh_serving(base: int, proc: subprocess.Popen[bytes], log: Path) -> bool:
+    """The router and tiers say SERVING and the gateway's /health answers 200, before
+    START_TIMEOUT_S and before `tiermesh run` exits; else its log tail is printed."""
     deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        if all(is_serving(a) for a in grpc_addresses) and is_http_healthy(health):
-            return True
+    health = f"http://127.0.0.1:{base + 40}/health"
+
+    def failed(why: object) -> bool:
+        print(log.read_text(errors="replace")[-4000:], why, sep="\n", file=sys.stderr)
+        return False
+
+    try:
+        for offset in (0, 10, 11, 12):
+            remaining = deadline - time.monotonic()
+            wait_serving(f"127.0.0.1:{base + offset}", remaining, exited=proc.poll, interval_s=1.0)
+    except NotServingError as e:
+        return failed(e)
+    while not is_http_healthy(health):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return failed(f"{health}: no 200 within {START_TIMEOUT_S:g} s")
         time.sleep(1.0)
-    print(log.read_text(errors="replace")[-4000:], file=sys.stderr)
-    return False
+    return True
 
 
 def main() -> int:
@@ -61,11 +68,10 @@ def main() -> int:
         env = {**os.environ, "TIERMESH_RUN_DIR": run_dir}
         command = [*TIERMESH, "run", "--no-demo", "--base-port", str(base)]
         command += ["--engine", args.engine]
-        with log.open("wb") as out:
-            proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out)
+        proc = spawn(command, log, env=env, cwd=ROOT)
         try:
             print(f"starting the mesh on base port {base} ({args.engine} tiers)…", flush=True)
-            if not wait_serving(base, proc, log):
+            if not mesh_serving(base, proc, log):
                 print("the mesh did not come up; its log is above", file=sys.stderr)
                 return 1
             bench = [*TIERMESH, "bench", "--target", "openai"]
@@ -74,13 +80,8 @@ def main() -> int:
             if args.out:
                 bench += ["--out", str(args.out)]
             return subprocess.run([*bench, *bench_extra], cwd=ROOT, env=env).returncode
-        finally:
-            proc.send_signal(signal.SIGINT)  # `tiermesh run` stops every service on Ctrl-C
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        finally:  # `tiermesh run` stops every service on Ctrl-C
+            stop_process(proc, grace_s=60, sig=signal.SIGINT)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,19 +45,14 @@ from tiermesh.v1 import router_pb2, router_pb2_grpc, tier_pb2, tier_pb2_grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from services.common.cpu_priority import lower_priority  # noqa: E402
+from services.common.child_process import spawn, stop_processes  # noqa: E402
 from services.common.percentiles import percentile  # noqa: E402
-from services.launcher.local_mesh import is_serving  # noqa: E402
+from services.common.ports import free_port  # noqa: E402
+from services.common.serving import NotServingError, wait_serving  # noqa: E402
 from services.launcher.run_options import TIER_NICE  # noqa: E402
 
 PROMPT = "What is your return policy?"
 FLOOR = "bare gRPC relay (floor), pinned small"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def router_command(port: int, tiers: dict[str, int]) -> list[str]:
@@ -95,29 +89,27 @@ def start_services(
         elif model:
             command += ["--model", str(model)]
         commands.append(command)
-    procs = [start(c, env, tier_src) for c in commands]
-    for proc in procs:  # as `tiermesh run` starts them: below the router
-        lower_priority(proc.pid, TIER_NICE)
-    procs.append(start(router_command(ports["router"], ports), env))
+    # as `tiermesh run` starts them: below the router
+    procs = [spawn(c, env=env, cwd=tier_src, nice=TIER_NICE) for c in commands]
+    procs.append(spawn(router_command(ports["router"], ports), env=env))
     return procs, ports
 
 
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM to every process, then SIGKILL to those still running after 30 s."""
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+def wait_all_serving(
+    targets: dict[str, grpc.ChannelCredentials | None],
+    procs: list[subprocess.Popen[bytes]],
+    timeout_s: float = 180.0,
+) -> None:
+    """Every target's gRPC health SERVING (asked with its credentials) within `timeout_s` in
+    all, and no process exited before; NotServingError otherwise."""
+    deadline = time.monotonic() + timeout_s
 
+    def exited() -> int | None:
+        return next((p.returncode for p in procs if p.poll() is not None), None)
 
-def start(command: list[str], env: dict[str, str], cwd: Path = ROOT) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    for target, credentials in targets.items():
+        remaining = deadline - time.monotonic()
+        wait_serving(target, remaining, credentials=credentials, exited=exited)
 
 
 def main() -> int:
@@ -145,22 +137,21 @@ def main() -> int:
         ports_a["floor"] = free_port()
         floor = [sys.executable, "-m", "services.bench.grpc_relay_floor"]
         floor += ["--tier", f"127.0.0.1:{ports_a['small']}", "--port", str(ports_a["floor"])]
-        procs.append(start(floor, plain))
+        procs.append(spawn(floor, env=plain))
         if args.compare_src is not None:
             ports_a["compare"] = free_port()
             source = args.compare_src.resolve()
-            procs.append(start(router_command(ports_a["compare"], ports_a), plain, source))
+            procs.append(spawn(router_command(ports_a["compare"], ports_a), env=plain, cwd=source))
         try:
-            deadline = time.monotonic() + 180
-            for port in [*ports_a.values(), *ports_b.values()]:
-                while not is_serving(f"127.0.0.1:{port}"):
-                    if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                        console.print("[red]services did not start[/red]")
-                        return 1
-                    time.sleep(0.2)
+            try:
+                ports = [*ports_a.values(), *ports_b.values()]
+                wait_all_serving(dict.fromkeys(f"127.0.0.1:{port}" for port in ports), procs)
+            except NotServingError as e:
+                console.print(f"[red]services did not start[/red]: {e}")
+                return 1
             results = measure(ports_a, ports_b, args.requests, console)
         finally:
-            stop(procs)
+            stop_processes(procs, grace_s=30)
     report(results, console, args.json)
     return 0
 

@@ -15,7 +15,6 @@ import asyncio
 import itertools
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +25,9 @@ from typing import Any
 import grpc
 from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
-from services.launcher.local_mesh import free_port, is_serving
+from services.common.child_process import spawn, stop_process
+from services.common.ports import free_port
+from services.common.serving import NotServingError, wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["What is your return policy?", "How much does the blue kettle cost?", "Hello"]
@@ -161,27 +162,19 @@ def main() -> int:
     address = f"127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as work:
         log_path = Path(work) / "tier.log"
-        with log_path.open("wb") as log:
-            tier = subprocess.Popen(
-                [sys.executable, "-m", f"services.tier_{args.tier}", "--port", str(port)]
-                + ["--metrics-port", "0"],
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONPATH": str(ROOT)},
-            )
+        command = [sys.executable, "-m", f"services.tier_{args.tier}", "--port", str(port)]
+        command += ["--metrics-port", "0"]
+        tier = spawn(command, log_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+        try:
             try:
-                deadline = time.monotonic() + 300
-                while not is_serving(address):
-                    if tier.poll() is not None or time.monotonic() > deadline:
-                        print(log_path.read_text(), file=sys.stderr)
-                        return 1
-                    time.sleep(0.2)
-                targets = [folder.resolve() for folder in args.to]
-                report = asyncio.run(measure(address, own, targets, args.streams))
-            finally:
-                tier.terminate()
-                tier.wait(30)
+                wait_serving(address, 300, exited=tier.poll)
+            except NotServingError as e:
+                print(log_path.read_text(), e, sep="\n", file=sys.stderr)
+                return 1
+            targets = [folder.resolve() for folder in args.to]
+            report = asyncio.run(measure(address, own, targets, args.streams))
+        finally:
+            stop_process(tier, grace_s=30)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

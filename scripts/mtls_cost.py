@@ -7,8 +7,8 @@ Starts, as separate processes: a plaintext small tier and router, and a secure s
 keys), all on a fresh development CA. Every request kind runs interleaved so machine noise hits
 them alike. The small tier is an echo tier (10 ms to the first token, then as fast as it goes,
 no model) unless `--model` gives a model folder. Prints p50/p99 time to first token and
-tokens/s per path; `--json` adds one JSON object as the last line. The process plumbing is
-scripts/hop_latency.py's.
+tokens/s per path; `--json` adds one JSON object as the last line. Processes are started,
+waited for and stopped as scripts/hop_latency.py does (services.common.child_process, .serving).
 
     .venv/bin/python scripts/mtls_cost.py [--requests 100] [--max-tokens 64] [--model PATH]
         [--json]
@@ -38,15 +38,15 @@ from hop_latency import (
     PROMPT,
     ROOT,
     _has_token,
-    free_port,
     router_command,
-    start,
-    stop,
+    wait_all_serving,
 )
 
+from services.common.child_process import spawn, stop_processes
 from services.common.percentiles import percentile
+from services.common.ports import free_port
+from services.common.serving import NotServingError
 from services.launcher.echo_tiers import EchoSettings, write_echo_config
-from services.launcher.local_mesh import is_serving
 from services.security.api_keys import create_key
 from services.security.certs import init_ca, issue
 from services.security.tls import TlsFiles, channel_credentials
@@ -110,7 +110,7 @@ def start_all(
     services: dict[str, Service] = {}
     for name, (command, service_env, credentials) in plans.items():
         port = free_port()
-        procs.append(start([*command, "--port", str(port)], service_env))
+        procs.append(spawn([*command, "--port", str(port)], env=service_env))
         services[name] = Service(port, credentials)
     client_tls = channel_credentials(_files(pki))
     routers = {
@@ -125,19 +125,9 @@ def start_all(
     for name, (tier_name, router_env, credentials) in routers.items():
         port, tier_port = free_port(), services[tier_name].port
         command = router_command(port, {"small": tier_port, "large": tier_port})
-        procs.append(start(command, router_env))
+        procs.append(spawn(command, env=router_env))
         services[name] = Service(port, credentials)
     return services, key
-
-
-def wait_serving(services: dict[str, Service], procs: list[Any], timeout_s: float = 180) -> bool:
-    deadline = time.monotonic() + timeout_s
-    for service in services.values():
-        while not is_serving(service.address, service.credentials):
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                return False
-            time.sleep(0.2)
-    return True
 
 
 @dataclass
@@ -259,13 +249,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             services, key = start_all(Path(tmp), args.model, env, procs)
-            if not wait_serving(services, procs):
-                console.print("[red]services did not start[/red]")
+            try:
+                wait_all_serving({s.address: s.credentials for s in services.values()}, procs)
+            except NotServingError as e:
+                console.print(f"[red]services did not start[/red]: {e}")
                 return 1
             kinds = request_kinds(services, key, args.max_tokens)
             results = measure(kinds, args.requests, console)
         finally:
-            stop(procs)
+            stop_processes(procs, grace_s=30)
     report(results, console, args.json)
     return 0
 

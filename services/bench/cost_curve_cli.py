@@ -21,13 +21,13 @@ from services.bench.cost_curve import CostMesh, CostOptions, Process, run_cost_c
 from services.bench.report import TableSpec, markdown_report, print_tables
 from services.bench.scenarios import RequestSequence
 from services.common import env
+from services.common.child_process import Child
 from services.common.errors import ConfigError
+from services.common.ports import free_port
 from services.common.tiers import TIER_NAMES
 from services.launcher.echo_tiers import EchoSettings
 from services.launcher.local_mesh import (
-    Child,
     free_base_port,
-    free_port,
     plan_children,
     stop_all,
     wait_healthy,

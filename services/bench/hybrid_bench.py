@@ -43,8 +43,8 @@ from services.bench.metrics import (
 )
 from services.bench.resources import ResourceMonitor, ServiceHandle
 from services.bench.scenarios import RequestSequence, Scenario, arrival_times, schedule_digest
+from services.common.child_process import Child
 from services.common.tiers import TIER_NAMES
-from services.launcher.child_process import Child
 from services.launcher.echo_tiers import EchoSettings
 from services.launcher.local_mesh import (
     free_base_port,

@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 from tiermesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 
+from services.common.child_process import stop_process
 from services.common.http_listener import tcp_listener
 
 MODES = {"routed": router_pb2.MODE_ROUTED, "progressive": router_pb2.MODE_PROGRESSIVE}
@@ -126,14 +127,7 @@ def relay_floor(router: str, start_timeout_s: float = 30.0) -> Iterator[str]:
             )
         yield line.removeprefix("relay floor on ")
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+        stop_process(process, grace_s=10.0)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,9 @@ from services.chaos.faults import (
     SLOW_READER,
     PlannedFault,
 )
+from services.common.child_process import Child
 from services.common.percentiles import percentile
-from services.launcher.local_mesh import Child, is_healthy
+from services.common.serving import NotServingError, wait_serving_async
 
 RECOVERY_TIMEOUT_S = 180.0
 MID_STREAM_WAIT_S = 1.0  # before a kill, wait up to this long for the target to be streaming
@@ -161,22 +162,25 @@ class Injector:
         new one took to serve (`restarted_ms`, `load_ms`: the longest of the named ones)."""
         await asyncio.sleep(0.05)
         restarted: dict[str, float] = {}
-        pending = list(names)
-        while pending:
-            now = time.perf_counter()
-            if now - began > RECOVERY_TIMEOUT_S:
+        for name in names:
+
+            def supervised(name: str = name) -> None:
+                """Never an exit (the supervisor restarts the process): notes when it did."""
+                if name not in restarted and self._pids([name])[name] != pids[name]:
+                    restarted[name] = time.perf_counter()
+
+            supervised()
+            remaining = RECOVERY_TIMEOUT_S - (time.perf_counter() - began)
+            try:
+                await wait_serving_async(
+                    self.children[name].address, remaining, exited=supervised, interval_s=0.02
+                )
+            except NotServingError:
                 return None
-            name = pending[0]
-            child = self.children[name]
-            if name not in restarted and self._pids([name])[name] != pids[name]:
-                restarted[name] = now
-            if await asyncio.to_thread(is_healthy, child):
-                pending.pop(0)
-                if name in restarted:
-                    load_ms = (time.perf_counter() - restarted[name]) * 1000
-                    detail["load_ms"] = round(max(load_ms, detail.get("load_ms", 0.0)), 1)
-            else:
-                await asyncio.sleep(0.02)
+            supervised()  # replaced between the last two checks
+            if name in restarted:
+                load_ms = (time.perf_counter() - restarted[name]) * 1000
+                detail["load_ms"] = round(max(load_ms, detail.get("load_ms", 0.0)), 1)
         if restarted:
             detail["restarted_ms"] = round((max(restarted.values()) - began) * 1000, 1)
         return time.perf_counter()

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Sequence
 
 from services.bench.resources import process_memory
-from services.launcher.local_mesh import Child
+from services.common.child_process import Child
 
 
 class MemoryWatch:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -37,11 +36,12 @@ from services.chaos.loop_lag import LoopLag
 from services.chaos.memory import MemoryWatch
 from services.chaos.recording import RecordingClient
 from services.chaos.report import build_report
+from services.common.child_process import Child
 from services.common.errors import TiermeshError
+from services.common.serving import NotServingError, wait_serving_async
 from services.common.tiers import TIER_NAMES
 from services.launcher.echo_tiers import EchoSettings
 from services.launcher.local_mesh import (
-    Child,
     free_base_port,
     is_healthy,
     plan_children,
@@ -109,10 +109,7 @@ def chaos_mesh(options: ChaosOptions, console: Console) -> Iterator[list[Child]]
         if not wait_healthy(children, console):
             raise ChaosError(f"the mesh did not start; logs in {options.run_dir / 'logs'}")
         yield children
-    finally:
-        for child in children:  # a child left stopped by a hang cannot act on SIGTERM
-            if child.process is not None and child.process.poll() is None:
-                child.process.send_signal(signal.SIGCONT)
+    finally:  # a child left stopped by a hang is continued first (stop_all sends SIGCONT)
         stop_all(children, grace_s=10.0)
 
 
@@ -350,10 +347,11 @@ async def _drive(
 async def _all_serving(children: list[Child], timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
     for child in children:
-        while not await asyncio.to_thread(is_healthy, child):
-            if time.monotonic() > deadline:
-                raise ChaosError(f"{child.name} is not serving again after the run")
-            await asyncio.sleep(0.2)
+        try:
+            remaining = deadline - time.monotonic()
+            await wait_serving_async(child.address, remaining, interval_s=0.2, name=child.name)
+        except NotServingError as e:
+            raise ChaosError(f"not serving again after the run: {e}") from None
 
 
 async def _references(

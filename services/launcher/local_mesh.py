@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import socket
 import sys
 import time
 import urllib.error
@@ -22,16 +21,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 
 from mesh.bootstrap import XdsTls
 from services.common import env
+from services.common.child_process import SERVICES_DIR, Child
 from services.common.config import GatewayConfig, TierConfig, build_config, load_config
 from services.common.errors import ConfigError
+from services.common.ports import free_port, free_port_layout
+from services.common.serving import is_serving
 from services.common.tiers import TIER_NAMES
-from services.launcher.child_process import SERVICES_DIR
-from services.launcher.child_process import Child as Child  # re-exported: chaos, bench, tests
 from services.launcher.echo_tiers import EchoSettings, echo_tier_command
 from services.launcher.run_addresses import (
     remove_run_addresses,
@@ -56,29 +55,9 @@ BASE_PORT_OFFSETS = (0, 10, 11, 12, 20, 21, 22, 23, 30, 40)
 DEFAULT_HTTP_PORT = 8080
 
 
-def free_port() -> int:
-    """A port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def free_base_port(attempts: int = 50) -> int:
     """A base port whose whole `--base-port` layout is free on 127.0.0.1 right now."""
-    for _ in range(attempts):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + max(BASE_PORT_OFFSETS) > 65535:
-            continue
-        try:
-            for offset in BASE_PORT_OFFSETS[1:]:
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", base + offset))
-        except OSError:
-            continue
-        return base
-    raise OSError("no free port layout found for the mesh")
+    return free_port_layout(BASE_PORT_OFFSETS, attempts)
 
 
 def tier_config_path(tier: str) -> Path:
@@ -255,17 +234,6 @@ def is_healthy(child: Child, credentials: grpc.ChannelCredentials | None = None)
     if child.health_url:
         return is_http_healthy(child.health_url)
     return is_serving(child.address, credentials)
-
-
-def is_serving(address: str, credentials: grpc.ChannelCredentials | None = None) -> bool:
-    """True when the service at `address` answers gRPC health with SERVING."""
-    try:
-        with _channel(address, credentials) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            response = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=0.5)
-            return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
-    except grpc.RpcError:
-        return False
 
 
 def is_http_healthy(url: str) -> bool:

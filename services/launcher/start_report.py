@@ -20,7 +20,7 @@ from services.launcher.secure_run import SecureRun
 if TYPE_CHECKING:
     from tiermesh.v1 import tier_pb2
 
-    from services.launcher.child_process import Child
+    from services.common.child_process import Child
 
 
 def print_start_report(

@@ -22,13 +22,14 @@ from typing import Generic, Protocol, TypeVar
 
 from rich.console import Console
 
+from services.common.child_process import stop_processes
 from services.launcher.json_file import write_json
 
 FRONT = ("gateway", "router")  # stopped first, each drained before the next
 
 
 class Process(Protocol):
-    """What the supervisor needs of a child (services.launcher.local_mesh.Child)."""
+    """What the supervisor needs of a child (services.common.child_process.Child)."""
 
     name: str
     address: str
@@ -156,19 +157,9 @@ def _exit(code: int) -> str:
 
 def stop_in_order(children: Sequence[Process], grace_s: float = 15.0) -> None:
     """SIGTERM to the gateway, then the router, each waited for (draining its clients), then
-    to every other child at once; whatever outlives `grace_s` per step is killed."""
+    to every other child at once (a child stopped by SIGSTOP is continued first); whatever
+    outlives `grace_s` per step is killed."""
     front = [c for name in FRONT for c in children if c.name == name]
     rest = [c for c in children if c.name not in FRONT]
     for group in [[c] for c in front] + [rest]:
-        for child in group:
-            if child.process is not None and child.process.poll() is None:
-                child.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for child in group:
-            if child.process is None:
-                continue
-            try:
-                child.process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.process.kill()
-                child.process.wait()
+        stop_processes([c.process for c in group if c.process is not None], grace_s)

@@ -10,30 +10,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from services.common.errors import ConfigError
+from services.common.serving import SERVING, health_status
 from services.security.settings import ServiceSecurity
 
 
 def probe(port: int, service: str = "", timeout_s: float = 3.0) -> tuple[bool, str]:
     """(serving, what was seen) for the server on localhost:`port`."""
     credentials = ServiceSecurity.from_env().channel_credentials()
-    address = f"localhost:{port}"
-    if credentials is None:
-        channel = grpc.insecure_channel(address)
-    else:
-        channel = grpc.secure_channel(address, credentials)
-    with channel:
-        try:
-            response = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
-            )
-        except grpc.RpcError as e:
-            return False, f"{e.code().name}: {e.details()}"
-    status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
-    return response.status == health_pb2.HealthCheckResponse.SERVING, status
+    seen = health_status(f"localhost:{port}", credentials, timeout_s, service)
+    return seen == SERVING, seen
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from services.common.child_process import spawn
 from services.training import model_import
 
 # glibc malloc returns big tensor buffers to the OS on every step unless told not to (~25%);
@@ -194,9 +195,8 @@ def _watch_parallel(
     for tier in args.tiers:
         minutes = args.minutes * RECIPES[tier].budget_share
         log = LOG_DIR / f"{tier}.log"
-        with log.open("wb") as sink:
-            command = _training_command(_forwarded(args, [tier], minutes, threads=1))
-            child = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=sink, stderr=sink)
+        command = _training_command(_forwarded(args, [tier], minutes, threads=1))
+        child = spawn(command, log, env=env, cwd=REPO_ROOT)
         processes.append(child)
         children[tier] = (child, log, minutes)
         console.print(f"training {tier} for {minutes:.1f} min, log: {log}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from services.common.child_process import stop_process
 from services.common.parent_watch import child_environment
 
 TIERMESH = [sys.executable, "-m", "services.cli"]
@@ -46,18 +46,9 @@ def tiermesh_run(
         assert process.poll() is None, "".join(output)
         yield process, output
     finally:
-        stop_process(process)  # the test failed midway: stop the mesh the normal way first
-
-
-def stop_process(process: subprocess.Popen[str]) -> None:
-    """SIGTERM (a tiermesh command stops its own children), then SIGKILL after 30 s."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
+        # the test failed midway: stop the mesh the normal way first (a tiermesh command stops
+        # its own children on SIGTERM), SIGKILL after 30 s
+        stop_process(process, grace_s=30)
 
 
 def chat_json(router: str, *args: str, timeout: float = 60) -> list[dict[str, Any]]:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.run_process import ROOT, TIERMESH, stop_process
+from services.common.child_process import stop_process
+from tests.e2e.run_process import ROOT, TIERMESH
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -29,7 +30,7 @@ def _run_chaos(args: list[str], run_dir: Path) -> tuple[int, str, str]:
     try:
         out, err = process.communicate(timeout=360)
     finally:
-        stop_process(process)
+        stop_process(process, grace_s=30)
     return process.returncode, out, err
 
 

@@ -12,6 +12,7 @@ from tiermesh.client import AsyncRouterClient, DeltaEvent, FinalEvent
 from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
 from services.common.config import RouterConfig, TierConfig, build_config
+from services.common.ports import free_port
 from services.common.tiers import TIER_NAMES
 from services.router.server import RouterServer, start_router
 from services.tier.server import TierServer, start_tier
@@ -69,7 +70,7 @@ async def start_mesh(
         servers[name] = await start_tier(build_config(TierConfig, options))
     targets = {name: server.address for name, server in servers.items()}
     for name in down:
-        targets[name] = f"127.0.0.1:{_closed_port()}"
+        targets[name] = f"127.0.0.1:{free_port()}"  # nothing listens there
     router_config = build_config(
         RouterConfig, {"port": 0, "tiers": targets, **(router_options or {})}
     )
@@ -96,12 +97,3 @@ async def leave_after_first_delta(client: AsyncRouterClient, prompt: str, **opti
         if isinstance(event, DeltaEvent):
             break
     await stream.aclose()
-
-
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port

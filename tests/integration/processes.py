@@ -5,31 +5,18 @@ Each gets a config file written for the test; its output goes to a log the failu
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-import socket
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from services.common.parent_watch import child_environment
+from services.common.child_process import Child
+from services.common.ports import free_port
+from services.common.serving import NotServingError, wait_serving_async
 from services.common.tiers import TIER_NAMES
 
-ROOT = Path(__file__).resolve().parents[2]
 READY_S = 180.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
+LOG_LINES = 30  # of a service's log in a failure's message
 
 
 def toml_value(value: Any) -> str:
@@ -50,65 +37,30 @@ def write_toml(path: Path, values: dict[str, Any], tables: dict[str, dict[str, A
     return path
 
 
-@dataclass
-class Service:
-    name: str
-    address: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    def log_tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def signal(self, sig: signal.Signals) -> None:
-        self.process.send_signal(sig)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+def spawn(name: str, module: str, args: list[str], address: str, log_dir: Path) -> Child:
+    """`python -m module args` started as `name`, its output in `log_dir/<name>.log`."""
+    command = [sys.executable, "-m", module, *args]
+    child = Child(
+        name, address, command, log_dir / f"{name}.log", env={"TIERMESH_LOG_LEVEL": "INFO"}
+    )
+    child.start()
+    return child
 
 
-def spawn(name: str, module: str, args: list[str], address: str, log_dir: Path) -> Service:
-    log_path = log_dir / f"{name}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=child_environment({**os.environ, "TIERMESH_LOG_LEVEL": "INFO"}),
-        )
-    return Service(name, address, process, log_path)
-
-
-async def wait_serving(service: Service, timeout_s: float = READY_S) -> None:
+async def wait_serving(service: Child, timeout_s: float = READY_S) -> None:
     """Polls the service's gRPC health until SERVING; fails with its log if it exits first."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    async with grpc.aio.insecure_channel(service.address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            code = service.process.poll()
-            assert code is None, f"{service.name} exited with {code}:\n{service.log_tail()}"
-            try:
-                response = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if response.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.aio.AioRpcError:
-                pass
-            assert asyncio.get_running_loop().time() < deadline, service.log_tail()
-            await asyncio.sleep(0.1)
+    try:
+        await wait_serving_async(
+            service.address, timeout_s, exited=service.exited, name=service.name
+        )
+    except NotServingError as e:
+        raise AssertionError(f"{e}\n{service.log_tail(LOG_LINES)}") from None
 
 
 @dataclass
 class ProcessMesh:
-    tiers: dict[str, Service]
-    router: Service
+    tiers: dict[str, Child]
+    router: Child
     work_dir: Path
     tier_options: dict[str, Any] = field(default_factory=dict)
     models: dict[str, Path] = field(default_factory=dict)
@@ -117,7 +69,7 @@ class ProcessMesh:
     def address(self) -> str:
         return self.router.address
 
-    def start_tier(self, tier: str, port: int, name: str | None = None) -> Service:
+    def start_tier(self, tier: str, port: int, name: str | None = None) -> Child:
         """(Re)starts one tier process on `port`, known as `name` (default: the tier)."""
         name = name or tier
         config = {

@@ -9,12 +9,14 @@ import grpc
 import pytest
 from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
 
-from tests.integration.processes import Service, free_port, spawn, wait_serving, write_toml
+from services.common.child_process import Child
+from services.common.ports import free_port
+from tests.integration.processes import spawn, wait_serving, write_toml
 
 pytestmark = pytest.mark.timeout(600)  # two tier processes on a busy 2-core machine
 
 
-def start_tier_process(model: Path, work_dir: Path, loading: str) -> Service:
+def start_tier_process(model: Path, work_dir: Path, loading: str) -> Child:
     port = free_port()
     config = {
         "name": "small",

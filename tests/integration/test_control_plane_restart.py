@@ -19,8 +19,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mesh.admin import fetch_status
 from mesh.bootstrap import bootstrap_env
 from mesh.last_good import last_good_path
+from services.common.child_process import Child
+from services.common.ports import free_port
 from services.common.tiers import TIER_NAMES
-from tests.integration.processes import Service, free_port, spawn, wait_serving, write_toml
+from tests.integration.processes import spawn, wait_serving, write_toml
 from tests.integration.test_mesh_xds import (
     TARGET,
     Backend,
@@ -40,9 +42,9 @@ async def backend() -> AsyncIterator[Backend]:
 
 
 @pytest.fixture
-def services() -> Iterator[list[Service]]:
+def services() -> Iterator[list[Child]]:
     """Every process a test starts; all stopped (SIGKILL if need be) however the test ends."""
-    started: list[Service] = []
+    started: list[Child] = []
     yield started
     for service in started:
         service.stop()
@@ -58,13 +60,13 @@ async def probe_counts(control_plane: str, calls: int, node_id: str) -> dict[str
     return counts
 
 
-def serve_topology(path: Path, port: int, log_dir: Path, name: str) -> Service:
+def serve_topology(path: Path, port: int, log_dir: Path, name: str) -> Child:
     args = ["serve", "--topology", str(path), "--host", "127.0.0.1", "--port", str(port)]
     return spawn(name, "mesh", args, f"127.0.0.1:{port}", log_dir)
 
 
 async def test_restarted_control_plane_serves_the_last_good_topology(
-    tmp_path: Path, backend: Backend, services: list[Service]
+    tmp_path: Path, backend: Backend, services: list[Child]
 ) -> None:
     path = tmp_path / "topology.yaml"
     path.write_text(topology_text([("large-v1", 1, [backend.port])]))
@@ -114,7 +116,7 @@ async def _router_health(address: str) -> int | None:
 
 
 async def test_router_is_not_serving_until_the_control_plane_gives_it_the_tiers(
-    tmp_path: Path, backend: Backend, services: list[Service], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, backend: Backend, services: list[Child], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lines = ["tiers:"]
     for tier in TIER_NAMES:

@@ -5,7 +5,6 @@ authorization the gateway forwards."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import openai
 import pytest
 from opentelemetry.trace import format_trace_id
 
+from services.common.ports import free_port
 from services.gateway.router_chat import call_metadata, start_span
 from tests.integration.gateway_mesh import GatewayMesh
 
@@ -79,9 +79,7 @@ def test_deadline_exceeded_is_504(gateway: GatewayMesh) -> None:
 
 
 def test_unreachable_router_is_503(gateway: GatewayMesh) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    closed = f"127.0.0.1:{free_port()}"  # nothing listens there
     url = gateway.extra_gateway(closed, timeout_s=5.0)
     body = {"model": "tiermesh-routed", "messages": MESSAGES, "stream": True}
     response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)

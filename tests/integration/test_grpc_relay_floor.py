@@ -5,7 +5,6 @@ like with like; a tier that is down reaches its caller as UNAVAILABLE."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import grpc
@@ -13,6 +12,7 @@ import pytest
 from tiermesh.v1 import router_pb2, router_pb2_grpc
 
 from services.bench.grpc_relay_floor import start_relay_floor
+from services.common.ports import free_port
 from tests.integration.mesh import start_mesh
 
 PINNED = router_pb2.ChatRequest(
@@ -51,10 +51,7 @@ async def test_the_floor_relays_the_routers_answer_in_the_routers_event_order(
 
 
 async def test_a_tier_that_is_down_is_unavailable_through_the_floor() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
-    floor = await start_relay_floor(f"127.0.0.1:{closed}")
+    floor = await start_relay_floor(f"127.0.0.1:{free_port()}")  # nothing listens there
     try:
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await _events(f"127.0.0.1:{floor.port}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -28,6 +27,7 @@ from services.common.metric_views import (
     TIME_PER_OUTPUT_TOKEN,
     TIME_TO_FIRST_TOKEN,
 )
+from services.common.ports import free_port
 from tests.integration.gateway_mesh import GatewayMesh
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,17 +46,10 @@ def _python(script: str, env: dict[str, str] | None = None) -> str:
     return done.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def test_prometheus_scrape_after_chats_has_genai_buckets(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     trace_file = tmp_path / "traces.jsonl"
     scrape = _python(
         f"""
@@ -303,7 +296,7 @@ def test_otlp_http_protobuf_and_service_name_from_the_environment() -> None:
 def test_router_reports_each_tier_serving_as_a_gauge(tiny_model_dir: Path) -> None:
     """`tiermesh.router.tier.serving`: 1 for a tier that serves, 0 for one whose port is closed,
     as the Prometheus scrape of a real router shows it."""
-    port = _free_port()
+    port = free_port()
     scrape = _python(
         f"""
         import asyncio, urllib.request

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from services.common.child_process import Child
 from services.common.errors import ConfigError
-from services.launcher.local_mesh import Child, plan_children
+from services.launcher.local_mesh import plan_children
 from services.launcher.run_options import TIER_NICE
 from services.launcher.supervisor import RestartPolicy, Supervisor, stop_in_order
 
