@@ -2,14 +2,16 @@
 request together, one token per request per step, over a KV-cache pool allocated at start.
 
 A new request arrives with its pool slot already reserved (the engine reserves it when the
-request is admitted, so the loop never meets a full pool) and joins between steps: the requests
-waiting then are prefilled together, in one forward pass over their prompts packed end to end,
-and those that arrived during that pass in another, before the next step, within a token budget
-per step; a finished or stopped one leaves at once and frees its slot. One
-request's own failure (non-finite logits, sampling, detokenising) fails that request alone: the
-rest of the batch goes on. Knows torch and an architecture's pooled passes (pooled_models.py:
-GPT-2, the Llama family); nothing of asyncio or gRPC: results leave through each request's
-ChunkSink.
+request is admitted, so the loop never meets a full pool) and joins between steps. What each
+step does is decided by the step planner (step_planner.py: which requests prefill together and
+in how many passes within the step's prompt-token budget, which rows decode, which leave); this
+loop builds the planner's state, asks, and carries the plan out: the forward passes, token
+choice, streaming and freeing slots. One request's own failure (non-finite logits, sampling,
+detokenising) fails that request alone: the rest of the batch goes on. Two typed seams, both
+off by default: a StepObserver sees each plan before it runs, a LogitsTransform may rewrite a
+pass's logits before tokens are chosen. Knows torch and an architecture's pooled passes
+(pooled_models.py: GPT-2, the Llama family); nothing of asyncio or gRPC: results leave through
+each request's ChunkSink.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -32,29 +34,18 @@ from services.tier.kv_pool import KvCachePool
 from services.tier.model_loading import LoadedModel
 from services.tier.pooled_models import PooledPasses
 from services.tier.prepared_request import PreparedRequest
+from services.tier.step_planner import (
+    RowStatus,
+    RunningRow,
+    SchedulerState,
+    StepPlan,
+    StepProgress,
+    WaitingRequest,
+    plan_step,
+)
+from services.tier.utilisation import BusyWindow
 
 log = logging.getLogger(__name__)
-
-
-class BusyWindow:
-    """The share of the last `window_s` seconds a loop spent working. Spans are added by the
-    loop's thread; share() may be read from any thread (a deque copy is atomic)."""
-
-    def __init__(self, window_s: float = 5.0) -> None:
-        self.window_s = window_s
-        self._spans: deque[tuple[float, float]] = deque(maxlen=8192)  # (start, end), monotonic
-
-    def add(self, start: float, end: float) -> None:
-        self._spans.append((start, end))
-
-    def share(self, now: float | None = None) -> float:
-        """Busy seconds within (now - window_s, now] over window_s, in [0, 1]."""
-        now = time.monotonic() if now is None else now
-        since = now - self.window_s
-        busy = sum(
-            min(end, now) - max(start, since) for start, end in list(self._spans) if end > since
-        )
-        return max(0.0, min(1.0, busy / self.window_s))
 
 
 class RequestFailed(TiermeshError):
@@ -69,7 +60,7 @@ def _no_release() -> None:
 
 
 @dataclass
-class Sequence:
+class ScheduledRequest:
     """One request inside the scheduler, holding the pool slot reserved for it at admission."""
 
     prepared: PreparedRequest
@@ -81,18 +72,61 @@ class Sequence:
     next_token: int = -1
     generated: int = 0
     generator: torch.Generator | None = field(default=None, repr=False)
+    ended: bool = False  # its stream has ended (finished or failed); the next plan frees its slot
+
+    def waiting(self) -> WaitingRequest:
+        """This request as the step planner sees it before its prefill."""
+        return WaitingRequest(
+            self.slot, len(self.prepared.prompt_ids), self.prepared.request_id, self.stop.is_set()
+        )
+
+    def row(self) -> RunningRow:
+        """This request as the step planner sees it once it runs."""
+        status = RowStatus.DECODING
+        if self.ended:
+            status = RowStatus.ENDED
+        elif self.stop.is_set():
+            status = RowStatus.STOPPED
+        return RunningRow(self.slot, status, self.prepared.request_id)
 
 
-# Test hook: when set, rows whose request it answers True for get NaN logits before their next
-# token is chosen, the way a row whose activations overflow would. None in service.
-PoisonHook = Callable[[PreparedRequest], bool]
+class StepObserver(Protocol):
+    """Sees each plan of the scheduler's loop just before it is carried out (waits for an
+    arrival included): metrics, traces, or a test that paces the loop. Called on the scheduler's
+    thread; it cannot change the plan, and while it runs the loop (every running stream) waits
+    for it; what it raises is logged and the plan runs all the same. The default,
+    NO_STEP_OBSERVER, does nothing."""
+
+    def before(self, plan: StepPlan) -> None: ...
+
+
+class _NoStepObserver:
+    def before(self, plan: StepPlan) -> None:
+        pass
+
+
+NO_STEP_OBSERVER: StepObserver = _NoStepObserver()
+
+
+class LogitsTransform(Protocol):
+    """Rewrites a forward pass's logits before each row's next token is chosen from them: given
+    the rows' requests, in row order, and their logits (B, V), returns logits of the same shape
+    (the same tensor, or a new one: never change it in place). Called on the scheduler's thread
+    for every prefill and decode pass. A row it makes non-finite fails that request alone, as a
+    row whose activations overflow would. None in service: tokens are chosen from the model's
+    logits as they are."""
+
+    def __call__(
+        self, requests: Sequence[PreparedRequest], logits: torch.Tensor
+    ) -> torch.Tensor: ...
 
 
 class BatchScheduler:
     """Thread-safe entry points: submit() and shutdown(). Everything else runs on its thread.
 
-    Every submitted sequence holds a slot the caller reserved (pool.acquire()); the inbox is
-    therefore bounded by the pool, and the scheduler frees the slot when the sequence ends.
+    Every submitted request holds a slot the caller reserved (pool.acquire()); the inbox is
+    therefore bounded by the pool, and the scheduler frees the slot when the request ends.
+    Each step is planned by step_planner.plan_step(); this loop carries the plans out.
     """
 
     def __init__(
@@ -101,17 +135,21 @@ class BatchScheduler:
         passes: PooledPasses,
         pool: KvCachePool,
         prefill_tokens_per_step: int = 512,
+        *,
+        observer: StepObserver = NO_STEP_OBSERVER,
+        logits_transform: LogitsTransform | None = None,
     ) -> None:
         self._loaded = loaded
         self._passes = passes
         self._pool = pool
-        # Between two decode steps, waiting requests are prefilled while their prompt tokens fit
-        # this budget (at least one): those waiting together in one forward, then those that
-        # arrived during it in the next. A burst starts together, yet running streams are never
-        # stalled for long by a queue of long prompts.
+        # prompt tokens prefilled between two decode steps (step_planner.py): a burst starts
+        # together, yet running streams are never stalled for long by a queue of long prompts
         self._prefill_budget = prefill_tokens_per_step
-        self._inbox: queue.Queue[Sequence] = queue.Queue(maxsize=pool.slots)
-        self._active: dict[int, Sequence] = {}  # slot -> sequence
+        self._observer = observer
+        self._logits_transform = logits_transform
+        self._inbox: queue.Queue[ScheduledRequest] = queue.Queue(maxsize=pool.slots)
+        self._waiting: dict[int, ScheduledRequest] = {}  # slot -> request, in arrival order
+        self._active: dict[int, ScheduledRequest] = {}  # slot -> request, in decode-row order
         self._closing = threading.Event()
         self._done: Future[None] | None = None
         self.steps = 0
@@ -119,7 +157,6 @@ class BatchScheduler:
         self.prefills = 0  # prefill forward passes
         self.prefilled_requests = 0  # requests they prefilled
         self.busy = BusyWindow()  # prefill and decode time: the loop's utilisation
-        self.poison_hook: PoisonHook | None = None
 
     def warm_up(self) -> None:
         """One prefill and one decode step of a one-token prompt in a free slot, then freed: the
@@ -139,8 +176,8 @@ class BatchScheduler:
         (two threads issuing ops each get an OpenMP team, and the teams fight for the cores)."""
         self._done = torch_thread.submit(self._run)
 
-    def submit(self, sequence: Sequence) -> None:
-        self._inbox.put_nowait(sequence)
+    def submit(self, request: ScheduledRequest) -> None:
+        self._inbox.put_nowait(request)
 
     def shutdown(self) -> None:
         self._closing.set()
@@ -150,157 +187,162 @@ class BatchScheduler:
     def _run(self) -> None:
         while not self._closing.is_set():
             try:
-                self._drop_stopped()
-                waiting: list[Sequence] = []
-                if not self._active:
-                    try:
-                        waiting.append(self._inbox.get(timeout=0.05))
-                    except queue.Empty:
-                        continue
-                started = time.monotonic()
-                self._admit_waiting(waiting)
-                if self._active:
-                    self._step()
-                self.busy.add(started, time.monotonic())
+                self._run_step()
             except Exception as e:  # a failed forward fails the running requests, not the tier
                 log.exception("batch step failed")
-                for sequence in list(self._active.values()):
-                    self._fail(sequence, RequestFailed(f"batch step failed: {e!r}"))
-        for sequence in list(self._active.values()):
-            sequence.sink.close()
-            self._finish(sequence)
-        while True:  # submitted but never started: end them and free their slots
-            try:
-                sequence = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            sequence.sink.close()
-            self._release(sequence)
+                for request in list(self._active.values()):
+                    if not request.ended:
+                        self._fail(request, RequestFailed(f"batch step failed: {e!r}"))
+        self._take_arrivals()
+        for request in (*self._active.values(), *self._waiting.values()):
+            if not request.ended:  # running, or submitted but never started: end it
+                request.sink.close()
+            self._release(request)
+        self._active.clear()
+        self._waiting.clear()
 
-    def _admit_waiting(self, waiting: list[Sequence]) -> None:
-        """Prefills the waiting requests, then those that arrived while that prefill ran, and so
-        on while the step's prefill budget lasts, before the next decode step: a burst whose
-        requests reach the inbox over a prefill starts one decode step sooner, and running
-        streams still wait for at most one budget of prompt tokens (and one prompt past it)."""
-        budget = self._prefill_budget
-        while budget > 0:
-            batch, budget = self._take_waiting(waiting, budget)
-            if not batch:
+    def _run_step(self) -> None:
+        """One step: asks the planner, carries its plan out, and asks again after each prefill
+        pass, until a plan (a decode pass, or a wait for an arrival) ends the step."""
+        started = time.monotonic()
+        worked = False  # a forward pass ran: the step counts as busy time
+        plan = StepPlan(resume=StepProgress())  # a step begins
+        while plan.resume is not None:
+            self._take_arrivals()
+            plan = plan_step(self._state(plan.resume))
+            self._observe(plan)
+            self._carry_out(plan)
+            worked = worked or bool(plan.prefill or plan.decode)
+        if worked:
+            self.busy.add(started, time.monotonic())
+        if plan.wait:
+            self._wait_for_arrival()
+
+    def _observe(self, plan: StepPlan) -> None:
+        """Shows `plan` to the observer; an observer that raises is logged, never obeyed."""
+        try:
+            self._observer.before(plan)
+        except Exception:
+            log.exception("step observer failed")
+
+    def _state(self, progress: StepProgress) -> SchedulerState:
+        return SchedulerState(
+            budget=self._prefill_budget,
+            waiting=tuple(request.waiting() for request in self._waiting.values()),
+            running=tuple(request.row() for request in self._active.values()),
+            progress=progress,
+        )
+
+    def _carry_out(self, plan: StepPlan) -> None:
+        for row in plan.free:
+            self._release(self._active.pop(row.slot))
+        for row in plan.evict:
+            request = self._active.pop(row.slot)
+            request.sink.close()
+            self._release(request)
+        for waiting in plan.drop:
+            request = self._waiting.pop(waiting.slot)
+            request.sink.close()
+            self._release(request)
+        if plan.prefill:
+            self._admit([self._waiting.pop(waiting.slot) for waiting in plan.prefill])
+        if plan.decode:
+            self._step([self._active[row.slot] for row in plan.decode])
+
+    def _take_arrivals(self) -> None:
+        """Moves what the inbox holds to the waiting requests, in arrival order."""
+        while True:
+            try:
+                request = self._inbox.get_nowait()
+            except queue.Empty:
                 return
-            self._admit(batch)
-            waiting = []
+            self._waiting[request.slot] = request
 
-    def _take_waiting(self, waiting: list[Sequence], budget: int) -> tuple[list[Sequence], int]:
-        """`waiting` and then the inbox's requests while their prompt tokens fit `budget`
-        (at least one request, when there is one), and the budget they leave."""
-        budget -= sum(len(s.prepared.prompt_ids) for s in waiting)
-        while budget > 0:
-            try:
-                sequence = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            budget -= len(sequence.prepared.prompt_ids)
-            waiting.append(sequence)
-        return waiting, budget
+    def _wait_for_arrival(self) -> None:
+        """Nothing runs or waits: waits a little for the next request (then the loop looks at
+        `_closing` again)."""
+        try:
+            request = self._inbox.get(timeout=0.05)
+        except queue.Empty:
+            return
+        self._waiting[request.slot] = request
 
-    def _drop_stopped(self) -> None:
-        for sequence in list(self._active.values()):
-            if sequence.stop.is_set():
-                sequence.sink.close()
-                self._finish(sequence)
+    def _release(self, request: ScheduledRequest) -> None:
+        self._pool.release(request.slot)
+        request.on_release()
 
-    def _finish(self, sequence: Sequence) -> None:
-        if self._active.get(sequence.slot) is sequence:
-            del self._active[sequence.slot]
-            self._release(sequence)
+    def _fail(self, request: ScheduledRequest, error: BaseException) -> None:
+        request.sink.fail(error)
+        request.ended = True
 
-    def _release(self, sequence: Sequence) -> None:
-        self._pool.release(sequence.slot)
-        sequence.on_release()
-
-    def _fail(self, sequence: Sequence, error: BaseException) -> None:
-        sequence.sink.fail(error)
-        self._finish(sequence)
-
-    def _admit(self, waiting: list[Sequence]) -> None:
-        """Prefills the waiting requests together and chooses their first tokens. When the
-        batched forward fails, each is prefilled alone, so a failure stays with its request."""
-        sequences = []
-        for sequence in waiting:
-            if sequence.stop.is_set():
-                sequence.sink.close()
-                self._release(sequence)
-                continue
-            sampling = sequence.prepared.sampling
+    def _admit(self, requests: list[ScheduledRequest]) -> None:
+        """Prefills the requests together and chooses their first tokens. When the batched
+        forward fails, each is prefilled alone, so a failure stays with its request."""
+        self._active.update((request.slot, request) for request in requests)
+        for request in requests:
+            sampling = request.prepared.sampling
             if not sampling.greedy and sampling.seed is not None:
                 device = self._loaded.device
-                sequence.generator = torch.Generator(device=device).manual_seed(sampling.seed)
-            self._active[sequence.slot] = sequence
-            sequences.append(sequence)
-        if not sequences:
-            return
-        if len(sequences) > 1:
+                request.generator = torch.Generator(device=device).manual_seed(sampling.seed)
+        if len(requests) > 1:
             try:
-                self._choose(sequences, self._prefill(sequences))
+                self._choose(requests, self._prefill(requests))
                 return
             except Exception:
-                log.exception("batched prefill of %d requests failed: one by one", len(sequences))
-        for sequence in sequences:
+                log.exception("batched prefill of %d requests failed: one by one", len(requests))
+        for request in requests:
             try:
-                self._choose([sequence], self._prefill([sequence]))
+                self._choose([request], self._prefill([request]))
             except Exception as e:
-                log.exception("prefill of %s failed", sequence.prepared.request_id)
-                self._fail(sequence, RequestFailed(f"prefill failed: {e!r}"))
+                log.exception("prefill of %s failed", request.prepared.request_id)
+                self._fail(request, RequestFailed(f"prefill failed: {e!r}"))
 
-    def _prefill(self, sequences: list[Sequence]) -> torch.Tensor:
+    def _prefill(self, requests: list[ScheduledRequest]) -> torch.Tensor:
         batch = self._pool.prefill_batch(
-            [s.slot for s in sequences], [list(s.prepared.prompt_ids) for s in sequences]
+            [r.slot for r in requests], [list(r.prepared.prompt_ids) for r in requests]
         )
         logits = self._passes.prefill(self._loaded.model, self._pool, batch)  # (B, V)
         self._pool.note_use()
         self.prefills += 1
-        self.prefilled_requests += len(sequences)
+        self.prefilled_requests += len(requests)
         return logits
 
-    def _step(self) -> None:
-        slots = list(self._active)
-        tokens = [self._active[s].next_token for s in slots]
+    def _step(self, requests: list[ScheduledRequest]) -> None:
+        slots = [r.slot for r in requests]
+        tokens = [r.next_token for r in requests]
         logits = self._passes.decode_step(self._loaded.model, self._pool, slots, tokens)  # (B, V)
         self._pool.note_use()
         self.steps += 1
         self.batched_tokens += len(slots)
-        self._choose([self._active[s] for s in slots], logits)
+        self._choose(requests, logits)
 
     @torch.inference_mode()
-    def _choose(self, sequences: list[Sequence], logits: torch.Tensor) -> None:
+    def _choose(self, requests: list[ScheduledRequest], logits: torch.Tensor) -> None:
         """Chooses each row's next token from logits (B, V) and records it. A row whose logits
         are not finite, or whose sampling or detokenising raises, fails its own request."""
-        if self.poison_hook is not None:
-            poisoned = [row for row, s in enumerate(sequences) if self.poison_hook(s.prepared)]
-            if poisoned:
-                logits = logits.clone()
-                logits[poisoned] = float("nan")
+        if self._logits_transform is not None:
+            logits = self._logits_transform([r.prepared for r in requests], logits)
         finite = torch.isfinite(logits).all(dim=-1).tolist()  # (B,)
         best: list[int] = []
         chosen: list[float] = []
         logprobs: torch.Tensor | None = None
-        if any(s.prepared.sampling.greedy for s in sequences):  # one pass for the greedy rows
+        if any(r.prepared.sampling.greedy for r in requests):  # one pass for the greedy rows
             logprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, V)
             top = logprobs.argmax(dim=-1)  # (B,)
             best = top.tolist()
             chosen = logprobs.gather(1, top[:, None])[:, 0].tolist()  # (B,)
-        likeliest = self._likeliest(sequences, logprobs)
-        for row, sequence in enumerate(sequences):
+        likeliest = self._likeliest(requests, logprobs)
+        for row, request in enumerate(requests):
             if not finite[row]:
                 error = NonFiniteLogits(
-                    f"non-finite logits at generated token {sequence.generated + 1} "
+                    f"non-finite logits at generated token {request.generated + 1} "
                     "(this request overflows the model)"
                 )
-                log.warning("request %s failed: %s", sequence.prepared.request_id, error)
-                self._fail(sequence, error)
+                log.warning("request %s failed: %s", request.prepared.request_id, error)
+                self._fail(request, error)
                 continue
             try:
-                sampling = sequence.prepared.sampling
+                sampling = request.prepared.sampling
                 alternatives: Alternatives = ()
                 if sampling.greedy:
                     token, logprob = best[row], chosen[row]
@@ -309,50 +351,50 @@ class BatchScheduler:
                     token, logprob, alternatives = choose_token_with_top(
                         logits[row],
                         sampling,
-                        sequence.generator,
+                        request.generator,
                         sampling.top_logprobs or 0,
                         known_finite=True,  # checked for the whole batch above
                     )
-                self._record(sequence, token, logprob, alternatives)
+                self._record(request, token, logprob, alternatives)
             except Exception as e:
-                log.exception("request %s failed", sequence.prepared.request_id)
-                self._fail(sequence, RequestFailed(f"choosing or decoding its token: {e!r}"))
+                log.exception("request %s failed", request.prepared.request_id)
+                self._fail(request, RequestFailed(f"choosing or decoding its token: {e!r}"))
 
     @staticmethod
     def _likeliest(
-        sequences: list[Sequence], logprobs: torch.Tensor | None
+        requests: list[ScheduledRequest], logprobs: torch.Tensor | None
     ) -> dict[int, Alternatives]:
         """The most likely tokens of the greedy rows that asked for them (top_logprobs), by
         row: one topk over those rows, read back once."""
         rows = [
             row
-            for row, s in enumerate(sequences)
-            if s.prepared.sampling.greedy and s.prepared.sampling.top_logprobs
+            for row, r in enumerate(requests)
+            if r.prepared.sampling.greedy and r.prepared.sampling.top_logprobs
         ]
         if not rows or logprobs is None:
             return {}
-        k = max(sequences[row].prepared.sampling.top_logprobs or 0 for row in rows)
+        k = max(requests[row].prepared.sampling.top_logprobs or 0 for row in rows)
         values, ids = torch.topk(logprobs[rows], min(k, logprobs.shape[-1]), dim=-1)  # (R, k)
         likeliest = {}
         for row, row_ids, row_values in zip(rows, ids.tolist(), values.tolist(), strict=True):
-            wanted = sequences[row].prepared.sampling.top_logprobs or 0
+            wanted = requests[row].prepared.sampling.top_logprobs or 0
             likeliest[row] = tuple(zip(row_ids[:wanted], row_values[:wanted], strict=True))
         return likeliest
 
     def _record(
         self,
-        sequence: Sequence,
+        request: ScheduledRequest,
         token: int,
         logprob: float,
         top: Alternatives = (),
     ) -> None:
-        sequence.generated += 1
-        finish = sequence.prepared.finish_after(token, sequence.generated)
-        chunk = sequence.chunks.add(token, logprob, finish, top)
+        request.generated += 1
+        finish = request.prepared.finish_after(token, request.generated)
+        chunk = request.chunks.add(token, logprob, finish, top)
         if chunk is not None:
-            sequence.sink.put(chunk)
+            request.sink.put(chunk)
         if finish is not None:
-            sequence.sink.close()
-            self._finish(sequence)
+            request.sink.close()
+            request.ended = True
         else:
-            sequence.next_token = token
+            request.next_token = token

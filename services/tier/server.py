@@ -76,20 +76,25 @@ class TierServer:
 
 
 async def start_tier(
-    config: TierConfig, security: ServiceSecurity | None = None, own_process: bool = False
+    config: TierConfig,
+    security: ServiceSecurity | None = None,
+    own_process: bool = False,
+    engine: Engine | None = None,
 ) -> TierServer:
     """Starts the server (NOT_SERVING), loads the model, then reports SERVING. `security`
     (TLS, the callers allowed) from the environment in `main`; plaintext when None.
     `own_process`: the process is this tier's alone, so its age counts as the "imports" phase
     of the start-up breakdown (GetStatus), and its heap is frozen before SERVING (the
-    "heap_freeze" phase; services/common/heap.py)."""
+    "heap_freeze" phase; services/common/heap.py). `engine`: an engine built for `config`, not
+    started, to serve instead of the one create_engine() builds (e.g. a torch engine with a step
+    observer); a hot swap builds its new engines from the config all the same."""
     startup = StartupRecord(
         imports_s=process_age_s() if own_process else None,
         weights_loading=config.weights_loading if config.engine == "torch" else "",
     )
     security = security or ServiceSecurity()
     security.check_listen(config.host, f"tier {config.name}")
-    engines = EngineSwitch(create_engine(config), config)
+    engines = EngineSwitch(engine if engine is not None else create_engine(config), config)
     servicer = TierServicer(config.name, engines, config.max_tokens)
     servicer.startup = startup
     servicer.last_swap = lambda: engines.last_swap

@@ -24,7 +24,13 @@ import torch
 from services.common.config import TierConfig
 from services.common.cpu_priority import lower_this_thread
 from services.common.errors import Overloaded
-from services.tier.batch_scheduler import BatchScheduler, Sequence
+from services.tier.batch_scheduler import (
+    NO_STEP_OBSERVER,
+    BatchScheduler,
+    LogitsTransform,
+    ScheduledRequest,
+    StepObserver,
+)
 from services.tier.chunk_channel import ChunkChannel
 from services.tier.chunking import ChunkAssembler, ChunkSink
 from services.tier.decode import decode_steps
@@ -46,8 +52,18 @@ SLOT_RELEASE_WAIT_S = 5.0
 class TorchEngine(EngineLifecycle):
     name = "torch"
 
-    def __init__(self, config: TierConfig) -> None:
+    def __init__(
+        self,
+        config: TierConfig,
+        *,
+        step_observer: StepObserver = NO_STEP_OBSERVER,
+        logits_transform: LogitsTransform | None = None,
+    ) -> None:
+        """`step_observer` and `logits_transform`: the batch scheduler's seams (see
+        batch_scheduler.py), off by default; unused when requests decode one per thread."""
         super().__init__(config)
+        self._step_observer = step_observer
+        self._logits_transform = logits_transform
         self._loaded: LoadedModel | None = None
         self._pool: KvCachePool | None = None
         self._scheduler: BatchScheduler | None = None
@@ -107,7 +123,12 @@ class TorchEngine(EngineLifecycle):
             )
             self.startup_s["kv_pool"] = time.perf_counter() - started
             self._scheduler = BatchScheduler(
-                loaded, passes, self._pool, cfg.prefill_tokens_per_step
+                loaded,
+                passes,
+                self._pool,
+                cfg.prefill_tokens_per_step,
+                observer=self._step_observer,
+                logits_transform=self._logits_transform,
             )
             started = time.perf_counter()
             await loop.run_in_executor(self._torch_thread, self._scheduler.warm_up)
@@ -170,7 +191,9 @@ class TorchEngine(EngineLifecycle):
 
             try:
                 self._scheduler.submit(
-                    Sequence(prepared, stop, channel, assembler, slot, on_release=on_release)
+                    ScheduledRequest(
+                        prepared, stop, channel, assembler, slot, on_release=on_release
+                    )
                 )
             except BaseException:
                 self._pool.release(slot)

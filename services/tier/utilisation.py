@@ -1,5 +1,6 @@
-"""A tier's utilisation over a sliding window: tokens streamed per second and the mean share of
-its KV-cache pool in use (the decode loop's busy share is the engine's own).
+"""A tier's utilisation over a sliding window: tokens streamed per second, the mean share of its
+KV-cache pool in use, and the share of the time a loop spent working (BusyWindow: the batch
+scheduler's decode loop).
 
 Plain bookkeeping on a monotonic clock, bounded by the window; knows nothing of gRPC or engines.
 """
@@ -65,3 +66,24 @@ class RecentUtilisation:
 def _drop_before(samples: deque[tuple[float, int]], start: float) -> None:
     while samples and samples[0][0] < start:
         samples.popleft()
+
+
+class BusyWindow:
+    """The share of the last `window_s` seconds a loop spent working. Spans are added by the
+    loop's thread; share() may be read from any thread (a deque copy is atomic)."""
+
+    def __init__(self, window_s: float = 5.0) -> None:
+        self.window_s = window_s
+        self._spans: deque[tuple[float, float]] = deque(maxlen=8192)  # (start, end), monotonic
+
+    def add(self, start: float, end: float) -> None:
+        self._spans.append((start, end))
+
+    def share(self, now: float | None = None) -> float:
+        """Busy seconds within (now - window_s, now] over window_s, in [0, 1]."""
+        now = time.monotonic() if now is None else now
+        since = now - self.window_s
+        busy = sum(
+            min(end, now) - max(start, since) for start, end in list(self._spans) if end > since
+        )
+        return max(0.0, min(1.0, busy / self.window_s))

@@ -10,7 +10,6 @@ import asyncio
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ from services.tier.kv_pool import KvCachePool
 from services.tier.model_loading import load_causal_lm
 from services.tier.pooled_models import PooledPasses, pooled_passes
 from services.tier.prefill_attention import padded_prompts
+from services.tier.step_planner import StepPlan
 from services.tier.tokenizer_loading import encode_prompt
 from services.tier.torch_engine import TorchEngine
 from tests.engine_prompts import PROMPTS
@@ -144,24 +144,26 @@ async def test_a_request_arriving_during_a_prefill_starts_before_the_next_decode
     prefilled before any decode step (the first request's second token waits for it), not one
     step later, and both answer as they would alone."""
     config = TierConfig(name="large", model_path=tiny_model_dir, max_running=4, max_queued=0)
-    engine = TorchEngine(config)
-    await engine.start()
-    scheduler = engine._scheduler
-    assert scheduler is not None
     entered = threading.Event()
     prefills: list[tuple[int, int]] = []  # (decode steps so far, requests in the pass)
-    prefill = scheduler._prefill
 
-    def observed_prefill(sequences: list[Any]) -> torch.Tensor:
-        prefills.append((scheduler.steps, len(sequences)))
-        if len(prefills) == 1:  # hold the first pass until the second request is in the inbox
-            entered.set()
-            deadline = time.monotonic() + 10
-            while scheduler._inbox.empty() and time.monotonic() < deadline:
-                time.sleep(0.001)
-        return prefill(sequences)
+    class FirstPrefillHeld:
+        """The scheduler's step observer: notes each prefill pass before it runs, and holds the
+        first until the second request is in the inbox."""
 
-    scheduler._prefill = observed_prefill  # type: ignore[method-assign]
+        def before(self, plan: StepPlan) -> None:
+            scheduler = engine._scheduler
+            if not plan.prefill or scheduler is None:
+                return
+            prefills.append((scheduler.steps, len(plan.prefill)))
+            if len(prefills) == 1:
+                entered.set()
+                deadline = time.monotonic() + 10
+                while scheduler._inbox.empty() and time.monotonic() < deadline:
+                    time.sleep(0.001)
+
+    engine = TorchEngine(config, step_observer=FirstPrefillHeld())
+    await engine.start()
 
     async def collect(request: GenerationRequest) -> list[int]:
         return [t async for chunk in engine.generate(request) for t in chunk.token_ids]

@@ -5,9 +5,9 @@ name the new model, the old model is freed; bad paths, a swap during a swap, a f
 callers without the admin scope are refused, and the old model keeps serving. `tiermesh tier swap`
 runs against the same kind of tier.
 
-The old model's streams are held mid-answer by the batch scheduler's named test hook
-(`poison_hook`, here only blocking its thread, never poisoning), so they are certainly in flight
-while the swap loads, switches and serves new requests; then they are let go.
+The old model's streams are held mid-answer by the batch scheduler's step observer (a torch
+engine built with `step_observer=`, blocking the scheduler's thread before a step), so they are
+certainly in flight while the swap loads, switches and serves new requests; then they are let go.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import shutil
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -29,8 +29,8 @@ from services.cli.main import main as tiermesh
 from services.common.config import TierConfig, build_config
 from services.security.api_keys import create_key
 from services.security.settings import ServiceSecurity
-from services.tier.prepared_request import PreparedRequest
 from services.tier.server import TierServer, start_tier
+from services.tier.step_planner import StepPlan
 from services.tier.torch_engine import TorchEngine
 from tests.tiny_model import build_tiny_model
 
@@ -83,41 +83,67 @@ async def _reference(model: Path) -> list[list[int]]:
 
 
 class Hold:
-    """Blocks the scheduler's thread once every old stream has chosen HOLD_AFTER_STEPS tokens,
-    until released (or, given `engine`, until that engine begins to shut down): those streams
-    stay in flight, mid-answer, on the old model.
+    """The scheduler's step observer here: blocks the scheduler's thread once every old stream
+    has chosen HOLD_AFTER_STEPS tokens, until released (or, once it watches an engine, until
+    that engine begins to shut down): those streams stay in flight, mid-answer, on the old model.
 
     The first step also waits for `admitted` (set by the test once the tier counts every old
     stream as running): on a loaded machine the streams reach the tier one by one, and without
     the wait the first could finish its whole answer before the last arrives."""
 
-    def __init__(self, request_ids: list[str], engine: TorchEngine | None = None) -> None:
+    def __init__(self, request_ids: list[str]) -> None:
         self.steps = dict.fromkeys(request_ids, 0)
         self.admitted = threading.Event()
         self.held = threading.Event()
         self.release = threading.Event()
-        self._engine = weakref.ref(engine) if engine is not None else None  # no cycle to it
+        self._engine: weakref.ref[TorchEngine] | None = None
+
+    def watch(self, engine: TorchEngine) -> None:
+        self._engine = weakref.ref(engine)  # no cycle to it
 
     def _stopping(self) -> bool:
         engine = self._engine() if self._engine is not None else None
         return engine is not None and engine._closing
 
-    def __call__(self, prepared: PreparedRequest) -> bool:
-        if prepared.request_id in self.steps:
-            self.admitted.wait(60)
-            self.steps[prepared.request_id] += 1
-            if min(self.steps.values()) >= HOLD_AFTER_STEPS and not self.release.is_set():
-                self.held.set()
-                deadline = time.monotonic() + 60
-                while not self.release.wait(0.01) and time.monotonic() < deadline:
-                    if self._stopping():
-                        break
-        return False
+    def before(self, plan: StepPlan) -> None:
+        """Counts each old stream's token about to be chosen (its prefill's or a decode's)."""
+        chosen = [w.request_id for w in plan.prefill] + [r.request_id for r in plan.decode]
+        for request_id in chosen:
+            if request_id in self.steps:
+                self.admitted.wait(60)
+                self.steps[request_id] += 1
+                if min(self.steps.values()) >= HOLD_AFTER_STEPS and not self.release.is_set():
+                    self.held.set()
+                    deadline = time.monotonic() + 60
+                    while not self.release.wait(0.01) and time.monotonic() < deadline:
+                        if self._stopping():
+                            break
+
+
+@pytest.fixture
+async def start_held(tiny_model_dir: Path) -> AsyncIterator[Callable[..., Awaitable[TierServer]]]:
+    """Starts a tier whose torch engine's step observer is a Hold (watching that engine when
+    `watch`); stops them all at the end."""
+    servers: list[TierServer] = []
+
+    async def start(hold: Hold, watch: bool = False) -> TierServer:
+        config = _config(tiny_model_dir)
+        engine = TorchEngine(config, step_observer=hold)
+        if watch:
+            hold.watch(engine)
+        servers.append(await start_tier(config, engine=engine))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        await server.stop(0)
 
 
 async def test_in_flight_streams_finish_on_the_old_model_new_ones_start_on_the_new(
-    tier: TierServer, tiny_model_dir: Path, new_model_dir: Path
+    start_held: Callable[..., Awaitable[TierServer]], tiny_model_dir: Path, new_model_dir: Path
 ) -> None:
+    hold = Hold([f"old-{i}" for i in range(len(PROMPTS))])
+    tier = await start_held(hold)
     old_reference = await _answers(tier.address, "before")
     new_reference = await _reference(new_model_dir)
     assert old_reference != new_reference  # two seeds, two different models
@@ -127,8 +153,6 @@ async def test_in_flight_streams_finish_on_the_old_model_new_ones_start_on_the_n
     assert isinstance(old_engine, TorchEngine) and old_engine._scheduler is not None
     assert old_engine._loaded is not None
     old_model = weakref.ref(old_engine._loaded.model)
-    hold = Hold([f"old-{i}" for i in range(len(PROMPTS))])
-    old_engine._scheduler.poison_hook = hold
     del old_engine
     async with grpc.aio.insecure_channel(tier.address) as channel:
         stub = tier_pb2_grpc.TierServiceStub(channel)
@@ -202,13 +226,13 @@ async def test_in_flight_streams_finish_on_the_old_model_new_ones_start_on_the_n
 
 
 async def test_a_stream_past_the_drain_timeout_ends_unavailable(
-    tier: TierServer, new_model_dir: Path
+    start_held: Callable[..., Awaitable[TierServer]], new_model_dir: Path
 ) -> None:
+    hold = Hold(["old-0"])
+    hold.admitted.set()  # one stream: nothing to wait for
+    tier = await start_held(hold, watch=True)
     engine = tier.engine
     assert isinstance(engine, TorchEngine) and engine._scheduler is not None
-    hold = Hold(["old-0"], engine)
-    hold.admitted.set()  # one stream: nothing to wait for
-    engine._scheduler.poison_hook = hold
     del engine
     chunks: list[tier_pb2.GenerateChunk] = []
     async with grpc.aio.insecure_channel(tier.address) as channel:

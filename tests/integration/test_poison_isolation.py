@@ -5,19 +5,21 @@ INVALID_ARGUMENT naming the cause (not INTERNAL: the same request would overflow
 any tier), while the requests batched with it finish with their usual answers.
 
 After validation no request can make the tiny model's logits non-finite, so the poison row is
-forced through the batch scheduler's named test hook (`poison_hook`), which sets that row's
-logits to NaN the way an overflowing row would; the detection and isolation are the real ones.
+forced through the batch scheduler's logits transform (a torch engine built with
+`logits_transform=`), which sets that row's logits to NaN the way an overflowing row would; the
+detection and isolation are the real ones.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import grpc
 import pytest
+import torch
 from tiermesh.client import AsyncRouterClient, ChatError
 from tiermesh.client.status_details import parse_status_details
 from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
@@ -36,12 +38,49 @@ CANARIES = [
 ]
 
 
+def _config(model: Path) -> TierConfig:
+    return TierConfig(name="small", model_path=model, max_running=5, max_queued=4, max_tokens=64)
+
+
 @pytest.fixture
 async def tier(tiny_model_dir: Path) -> AsyncIterator[TierServer]:
-    config = TierConfig(
-        name="small", model_path=tiny_model_dir, max_running=5, max_queued=4, max_tokens=64
-    )
-    server = await start_tier(config)
+    server = await start_tier(_config(tiny_model_dir))
+    yield server
+    await server.stop()
+
+
+class Poison:
+    """The scheduler's logits transform here: after a few good tokens, the "poison" request's
+    row gets NaN logits, once it shares a forward pass with others; every other row is left as
+    it is."""
+
+    def __init__(self) -> None:
+        self.steps = 0  # passes the poison request has been in
+        self.batch_at_poison: list[int] = []  # rows of each pass it was poisoned in
+
+    def __call__(self, requests: Sequence[PreparedRequest], logits: torch.Tensor) -> torch.Tensor:
+        rows = [row for row, prepared in enumerate(requests) if prepared.request_id == "poison"]
+        if not rows:
+            return logits
+        self.steps += 1
+        # a few good tokens first, then it fails in the middle of a batch with others
+        if self.steps < 4 or len(requests) < 2:
+            return logits
+        self.batch_at_poison.append(len(requests))
+        logits = logits.clone()
+        logits[rows] = float("nan")
+        return logits
+
+
+@pytest.fixture
+def poison() -> Poison:
+    return Poison()
+
+
+@pytest.fixture
+async def poisoned_tier(tiny_model_dir: Path, poison: Poison) -> AsyncIterator[TierServer]:
+    config = _config(tiny_model_dir)
+    server = await start_tier(config, engine=TorchEngine(config, logits_transform=poison))
     yield server
     await server.stop()
 
@@ -100,40 +139,22 @@ async def test_the_lowest_documented_temperature_is_served(tier: TierServer) -> 
     assert chunks[-1].finish_reason in ("stop", "length")
 
 
-async def test_one_poisoned_row_fails_alone(tier: TierServer) -> None:
-    engine = tier.engine
+async def test_one_poisoned_row_fails_alone(poisoned_tier: TierServer, poison: Poison) -> None:
+    engine = poisoned_tier.engine
     assert isinstance(engine, TorchEngine) and engine._scheduler is not None
-    scheduler = engine._scheduler
-    async with grpc.aio.insecure_channel(tier.address) as channel:
+    async with grpc.aio.insecure_channel(poisoned_tier.address) as channel:
         stub = tier_pb2_grpc.TierServiceStub(channel)
         alone = [await _generate(stub, f"alone-{i}", p) for i, p in enumerate(CANARIES)]
-        batch_at_poison: list[int] = []
-        poison_steps = 0
-
-        def poison(prepared: PreparedRequest) -> bool:
-            nonlocal poison_steps
-            if prepared.request_id != "poison":
-                return False
-            poison_steps += 1
-            # a few good tokens first, then it fails in the middle of a batch with others
-            if poison_steps < 4 or len(scheduler._active) < 2:
-                return False
-            batch_at_poison.append(len(scheduler._active))
-            return True
-
-        scheduler.poison_hook = poison
-        try:
-            canaries = [_generate(stub, f"canary-{i}", p) for i, p in enumerate(CANARIES)]
-            poisoned = _generate(stub, "poison", CANARIES[0], 64)
-            results = await asyncio.gather(*canaries, poisoned, return_exceptions=True)
-        finally:
-            scheduler.poison_hook = None
+        canaries = [_generate(stub, f"canary-{i}", p) for i, p in enumerate(CANARIES)]
+        poisoned = _generate(stub, "poison", CANARIES[0], 64)
+        results = await asyncio.gather(*canaries, poisoned, return_exceptions=True)
     assert results[:-1] == alone  # every canary: its answer, token for token
     failure = results[-1]
     assert isinstance(failure, grpc.aio.AioRpcError)
     assert failure.code() == grpc.StatusCode.INVALID_ARGUMENT  # neither retried nor a tier fault
     assert "non-finite logits" in (failure.details() or "")
     assert not parse_status_details(failure.trailing_metadata()).field_violations
+    batch_at_poison = poison.batch_at_poison
     assert batch_at_poison and batch_at_poison[0] > 1  # it really shared a step with others
     load = engine.load()
     assert load.running == 0 and load.kv_pool_used_tokens == 0

@@ -1,9 +1,9 @@
-"""The decode loop's utilisation: the busy share of the last seconds (batch_scheduler.BusyWindow),
+"""The decode loop's utilisation: the busy share of the last seconds (utilisation.BusyWindow),
 driven with explicit times."""
 
 from __future__ import annotations
 
-from services.tier.batch_scheduler import BusyWindow
+from services.tier.utilisation import BusyWindow
 
 
 def test_share_counts_only_the_window() -> None:
