@@ -165,12 +165,17 @@ def _plain(value: Any) -> Any:
 
 
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+SIGNAL_PROTOCOL_ENV = {  # per signal, over OTEL_EXPORTER_OTLP_PROTOCOL
+    "traces": "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "metrics": "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+}
 
 
 def otlp_protocol(signal: str) -> str:
-    """OTEL_EXPORTER_OTLP_{signal}_PROTOCOL, else OTEL_EXPORTER_OTLP_PROTOCOL, else grpc."""
+    """OTEL_EXPORTER_OTLP_{signal}_PROTOCOL, else OTEL_EXPORTER_OTLP_PROTOCOL, else grpc, for
+    the signal `traces` or `metrics`."""
     env = os.environ
-    protocol = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL") or env.get(
+    protocol = env.get(SIGNAL_PROTOCOL_ENV[signal]) or env.get(
         "OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"
     )
     if protocol not in OTLP_PROTOCOLS:

@@ -53,7 +53,11 @@ class ServiceSecurity:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ServiceSecurity:
         env = os.environ if environ is None else environ
-        ca, cert, key = (env.get(f"TIERMESH_TLS_{n}") for n in ("CA", "CERT", "KEY"))
+        ca, cert, key = (
+            env.get("TIERMESH_TLS_CA"),
+            env.get("TIERMESH_TLS_CERT"),
+            env.get("TIERMESH_TLS_KEY"),
+        )
         tls = None
         if ca or cert or key:
             if not (ca and cert and key):
