@@ -63,6 +63,7 @@ lint: setup  ## ruff, mypy, import contracts, buf lint + breaking (against main)
 	$(BUF) lint
 	scripts/proto_breaking.sh $(BUF)
 	$(BIN)/hadolint Dockerfile
+	$(BIN)/python scripts/check_docs.py
 
 fmt: setup
 	$(BIN)/ruff format .
