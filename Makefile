@@ -55,7 +55,7 @@ run-smollm2: setup  ## the mesh with SmolLM2-135M-Instruct as the large tier (im
 test: setup  ## the suite CI runs
 	$(BIN)/python -m pytest -q
 
-lint: setup  ## ruff, mypy, import contracts, buf lint + breaking (against main), hadolint
+lint: setup  ## ruff, mypy, import contracts, docs links and commands, buf lint + breaking, hadolint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
