@@ -26,12 +26,7 @@ from services.common.errors import ConfigError
 from services.common.ports import free_port
 from services.common.tiers import TIER_NAMES
 from services.launcher.echo_tiers import EchoSettings
-from services.launcher.local_mesh import (
-    free_base_port,
-    plan_children,
-    stop_all,
-    wait_healthy,
-)
+from services.launcher.local_mesh import free_base_port, plan_children, started
 from services.workload import CLASSES
 
 DEFAULT_LEVELS = [1, 10, 100, 1000]
@@ -98,19 +93,13 @@ def cost_mesh(
     router = children[-1]
     router.command += ["--max-inflight", str(max_inflight)]
     children += [_another_router(router, n, log_dir) for n in range(2, routers + 1)]
-    try:
-        for child in children:
-            child.start()
-        if not wait_healthy(children, console):
-            raise CostCurveError(f"the mesh did not start; logs in {log_dir}")
+    with started(children, console, CostCurveError(f"the mesh did not start; logs in {log_dir}")):
         processes = {
             c.name: Process(c.name, c.address, c.process.pid if c.process else None)
             for c in children
         }
         routers_up = [p for name, p in processes.items() if name.startswith("router")]
         yield CostMesh(tier, processes[tier], routers_up)
-    finally:
-        stop_all(children)
 
 
 def cost_curve_table(report: Mapping[str, Any]) -> TableSpec:

@@ -49,6 +49,7 @@ from services.launcher.echo_tiers import EchoSettings
 from services.launcher.local_mesh import (
     free_base_port,
     plan_children,
+    started,
     stop_all,
     wait_healthy,
 )
@@ -126,11 +127,7 @@ def own_mesh(
         children = [child for child in planned if child.name != "gateway"]
     except (ConfigError, OSError) as e:
         raise BenchError(str(e)) from None
-    try:
-        for child in children:
-            child.start()
-        if not wait_healthy(children, console):
-            raise BenchError(f"the mesh did not start; logs in {log_dir}")
+    with started(children, console, BenchError(f"the mesh did not start; logs in {log_dir}")):
         services = [
             ServiceHandle(
                 c.name,
@@ -143,8 +140,6 @@ def own_mesh(
         router = children[-1]
         restart = functools.partial(_restart_router, router, list(router.command), services)
         yield MeshTarget(router.address, services, started_by_bench=True, restart_router=restart)
-    finally:
-        stop_all(children)
 
 
 def _restart_router(

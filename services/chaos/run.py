@@ -45,8 +45,7 @@ from services.launcher.local_mesh import (
     free_base_port,
     is_healthy,
     plan_children,
-    stop_all,
-    wait_healthy,
+    started,
 )
 from services.launcher.run_options import TIER_NICE
 from services.launcher.supervisor import RestartPolicy, Supervisor
@@ -103,14 +102,10 @@ def chaos_mesh(options: ChaosOptions, console: Console) -> Iterator[list[Child]]
     except (TiermeshError, OSError) as e:  # ConfigError: a missing model, --mesh with replicas
         raise ChaosError(str(e)) from None
     children = [child for child in planned if child.name != "gateway"]
-    try:
-        for child in children:
-            child.start()
-        if not wait_healthy(children, console):
-            raise ChaosError(f"the mesh did not start; logs in {options.run_dir / 'logs'}")
+    failed = ChaosError(f"the mesh did not start; logs in {options.run_dir / 'logs'}")
+    # stopping continues a child left stopped by a hang first
+    with started(children, console, failed, grace_s=10.0):
         yield children
-    finally:  # a child left stopped by a hang is continued first (stop_all sends SIGCONT)
-        stop_all(children, grace_s=10.0)
 
 
 class SupervisorThread:

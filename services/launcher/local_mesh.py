@@ -10,6 +10,7 @@ processes).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -17,6 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -264,6 +266,23 @@ def tier_status(
 def stop_all(children: list[Child], grace_s: float = 15.0) -> None:
     """Gateway and router first (they drain their clients), then the rest."""
     stop_in_order(children, grace_s)
+
+
+@contextlib.contextmanager
+def started(
+    children: list[Child], console: Console, error: Exception, grace_s: float = 15.0
+) -> Iterator[list[Child]]:
+    """Starts `children` and yields them once each serves; raises `error` if one exits or time
+    runs out first (the console has shown which, with its log tail). However the block ends,
+    every child is stopped (`stop_all`)."""
+    try:
+        for child in children:
+            child.start()
+        if not wait_healthy(children, console):
+            raise error
+        yield children
+    finally:
+        stop_all(children, grace_s)
 
 
 def run_mesh(
