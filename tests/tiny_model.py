@@ -17,8 +17,10 @@ CORPUS = [
 ]
 
 
-def build_tiny_model(folder: Path, seed: int = 0, layers: int = 2, width: int = 64) -> Path:
-    """Writes the checkpoint into `folder` (created) and returns it."""
+def build_tiny_model(
+    folder: Path, seed: int = 0, layers: int = 2, width: int = 64, context: int = 512
+) -> Path:
+    """Writes the checkpoint into `folder` (created) and returns it; `context`: its positions."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
@@ -39,7 +41,7 @@ def build_tiny_model(folder: Path, seed: int = 0, layers: int = 2, width: int = 
     eos = fast.convert_tokens_to_ids("<|endoftext|>")
     config = GPT2Config(
         vocab_size=fast.vocab_size,
-        n_positions=512,
+        n_positions=context,
         n_embd=width,
         n_layer=layers,
         n_head=2,

@@ -2,6 +2,7 @@
 
     TiermeshError
      ├── InvalidArgument   INVALID_ARGUMENT    the request is wrong; the caller must fix it
+     │    └── PromptTooLong                    longer than this tier holds; another may hold it
      ├── Overloaded        RESOURCE_EXHAUSTED  recoverable: retry later or elsewhere
      ├── Unavailable       UNAVAILABLE         recoverable: the tier is down, loading or draining
      ├── Unauthenticated   UNAUTHENTICATED     no API key, or one that is unknown or revoked
@@ -24,6 +25,24 @@ class InvalidArgument(TiermeshError):
     """The request is malformed; the message names the field and what was wrong."""
 
     status = "INVALID_ARGUMENT"
+
+
+# ErrorInfo reason of a prompt longer than a tier's model can hold: another tier's may
+PROMPT_TOO_LONG = "PROMPT_TOO_LONG"
+
+
+class PromptTooLong(InvalidArgument):
+    """The prompt has more tokens than this tier takes (its limit, within its model's context).
+    The router moves such a chat on to a tier that may hold it; the ErrorInfo metadata carries
+    `prompt_tokens` and `limit_tokens`."""
+
+    reason = PROMPT_TOO_LONG
+
+    def __init__(self, prompt_tokens: int, limit_tokens: int) -> None:
+        super().__init__(
+            f"prompt: {prompt_tokens} tokens exceeds this tier's limit of {limit_tokens} tokens"
+        )
+        self.metadata = {"prompt_tokens": str(prompt_tokens), "limit_tokens": str(limit_tokens)}
 
 
 class Overloaded(TiermeshError):

@@ -86,6 +86,8 @@ def error_details(error: TiermeshError) -> dict[str, Any]:
             details["field"] = field
     if isinstance(error, Overloaded):
         details["retry_after_s"] = getattr(error, "retry_after_s", OVERLOAD_RETRY_S)
+    if metadata := getattr(error, "metadata", None):
+        details["metadata"] = dict(metadata)
     return details
 
 

@@ -20,8 +20,9 @@ def tier_error(error: grpc.aio.AioRpcError) -> TierError:
     status_details = tuple(
         (key, value) for key, value in trailing if key == "grpc-status-details-bin"
     )
-    reason = parse_status_details(trailing).reason if code == "RESOURCE_EXHAUSTED" else ""
-    return TierError(code, error.details() or "", status_details, reason)
+    parsed = parse_status_details(trailing) if status_details else None
+    reason, metadata = (parsed.reason, parsed.metadata) if parsed is not None else ("", {})
+    return TierError(code, error.details() or "", status_details, reason, metadata)
 
 
 class UpstreamFailed(Exception):

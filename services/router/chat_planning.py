@@ -43,6 +43,7 @@ class ChatRequestFields:
     mode: router_pb2.Mode
     turns: tuple[tuple[str, str], ...]
     max_tokens: int
+    max_tokens_set: bool  # False: the default, lowered by each tier to what its context holds
     sampling: common_pb2.SamplingParams
     gate: str
     tier: str  # PINNED: the tier asked for
@@ -77,6 +78,7 @@ def check_chat_request(request: router_pb2.ChatRequest, config: RouterConfig) ->
         mode=MODES[request.mode],
         turns=tuple(turns),
         max_tokens=max_tokens,
+        max_tokens_set=request.HasField("max_tokens"),
         sampling=request.sampling,
         gate=gate,
         tier=request.tier,
@@ -108,6 +110,7 @@ def plan_chat(
     routed = chat.mode == router_pb2.MODE_ROUTED
     generate = tier_pb2.GenerateRequest(
         max_tokens=chat.max_tokens,
+        fit_max_tokens_to_context=not chat.max_tokens_set,
         sampling=chat.sampling,
         messages=[{"role": role, "content": content} for role, content in chat.turns],
     )

@@ -9,6 +9,7 @@ arguments). The driver turns a gRPC failure into a TierError (chat_outcomes.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tiermesh.v1 import common_pb2, router_pb2, tier_pb2
@@ -31,7 +32,8 @@ class TierError:
     code: str  # a gRPC status name: "UNAVAILABLE", "DEADLINE_EXCEEDED", ...
     details: str = ""
     status_details: tuple[tuple[str, str | bytes], ...] = ()  # grpc-status-details-bin
-    reason: str = ""  # the ErrorInfo reason of a RESOURCE_EXHAUSTED refusal, when given
+    reason: str = ""  # its ErrorInfo reason, when given ("OVERLOADED", "PROMPT_TOO_LONG", ...)
+    metadata: Mapping[str, str] = field(default_factory=dict)  # its ErrorInfo metadata
 
 
 def describe(error: TierError) -> str:

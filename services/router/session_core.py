@@ -28,9 +28,11 @@ A call a tier refused for overload moves on only to a tier that, by the driver's
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from tiermesh.v1 import router_pb2, tier_pb2
 
+from services.common.errors import PROMPT_TOO_LONG
 from services.router.chat_events import RefinementSettled, TierCallOpening
 from services.router.chat_plan import ChatPlan, SessionClock, tier_request_id
 from services.router.revision_stream import RevisionStream
@@ -92,6 +94,7 @@ class SessionCore:
         self._refine: CallState | None = None
         self._alone_note = ""
         self._alone_failure: tuple[str, TierError] | None = None
+        self._too_long: list[TierError] = []  # refusals of a prompt a tier cannot hold
 
     # -- inputs ------------------------------------------------------------------------------
 
@@ -155,6 +158,8 @@ class SessionCore:
         if not self._expects(state) or s is None:
             return []
         state.over, state.error = True, error
+        if error.reason == PROMPT_TOO_LONG:
+            self._too_long.append(error)
         if self._racing and (others := self._race_others(state)):
             return self._race_lost(state, others)
         out = self._race_alone(state) if self._racing else []
@@ -240,6 +245,8 @@ class SessionCore:
         room: frozenset[str] | None,
     ) -> list[Action]:
         """Where a failed call's revision goes on: another replica, the next tier, or nowhere."""
+        if error.reason == PROMPT_TOO_LONG and not s.started:
+            return self._past_short_context(s, call, error, now)
         # a replica of another model refuses a continuation: that moves on too
         if error.code not in FAILOVER_CODES and not (
             s.continuing and error.code == "FAILED_PRECONDITION"
@@ -285,6 +292,24 @@ class SessionCore:
         s.kept = KeptPrefix(s.previous) if s.previous is not None else None
         s.continuing, s.error, s.held = False, None, []
         s.call = self._open(out, after, timeout_s)
+        return [*out, ReadCall(s.call.id)]
+
+    def _past_short_context(
+        self, s: RevisionStream, call: CallState, error: TierError, now: float
+    ) -> list[Action]:
+        """A tier whose model cannot hold the prompt: the chat moves on, unseen, to the next tier
+        of its fallbacks not yet called (any chat but a pinned one), else ends with the failure
+        of the tier that holds the most."""
+        called = {c.tier for c in self.calls}
+        left = [tier for tier in self.plan.fallbacks if tier not in called]
+        if not left or self.plan.mode == router_pb2.MODE_PINNED:
+            return self._give_up(s, now)
+        s.notes.append(f"{call.tier} cannot hold the prompt ({error.details}); moved to {left[0]}")
+        s.kept = KeptPrefix(s.previous) if s.previous is not None else None
+        s.continuing, s.error, s.held = False, None, []
+        timeout_s = self._refine_timeout_s(now) if s.refine_clock else self._remaining_s(now)
+        out: list[Action] = []
+        s.call = self._open(out, left[0], timeout_s)
         return [*out, ReadCall(s.call.id)]
 
     def _untried(self, tier: str) -> bool:
@@ -380,7 +405,19 @@ class SessionCore:
         return out
 
     def _fail(self, tier: str, error: TierError) -> list[Action]:
+        """Ends the chat with `tier`'s failure; a prompt no tier tried could hold (a chat not
+        pinned) names the largest context among them."""
         self.done = True
+        pinned = self.plan.mode == router_pb2.MODE_PINNED
+        if error.reason == PROMPT_TOO_LONG and self._too_long and not pinned:
+            widest = max(self._too_long, key=lambda e: int(e.metadata.get("limit_tokens", 0)))
+            tier = next(c.tier for c in self.calls if c.error is widest)
+            prompt, limit = (widest.metadata.get(k) for k in ("prompt_tokens", "limit_tokens"))
+            details = (
+                f"prompt: {prompt} tokens exceeds the largest context of the tiers that could "
+                f"take it ({limit} tokens)"
+            )
+            error = replace(widest, details=details)
         return [Fail(tier, error)]
 
     # -- calls -----------------------------------------------------------------------------------

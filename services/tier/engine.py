@@ -46,6 +46,8 @@ class GenerationRequest:
     # their log-probabilities (with sampling.top_logprobs), for the entries of those whose
     # text the caller does not have yet; () = not known
     continue_logprobs: tuple[float, ...] = ()
+    # max_tokens is an upper bound the prompt may lower to what the model's context has left
+    fit_to_context: bool = False
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, PromptTooLong
 from services.tier.engine import GenerationRequest, Sampling, TokenLogprob
 from services.tier.tokenizer_loading import (
     IncrementalDetokenizer,
@@ -91,9 +91,10 @@ def prepare_request(
     """Renders and tokenises the request's prompt and checks it against the limits.
 
     Raises InvalidArgument when the prompt renders to no tokens, is longer than the tier's
-    limit (max_prompt_tokens, and one less than the model's context), or leaves no room in the
-    context for max_tokens, or when continued answer tokens are not ones the model could have
-    streamed (see check_continued). `tokens_per_chunk` is the tier's default chunk size.
+    limit (max_prompt_tokens, and one less than the model's context: PromptTooLong), or leaves
+    no room in the context for max_tokens (unless the request lets the context lower it), or
+    when continued answer tokens are not ones the model could have streamed (see
+    check_continued). `tokens_per_chunk` is the tier's default chunk size.
     """
     tokenizer = prompt_format.tokenizer
     text = render_prompt(tokenizer, list(request.messages)) if request.messages else request.prompt
@@ -103,19 +104,20 @@ def prepare_request(
     if not ids:
         raise InvalidArgument("prompt: renders to zero tokens")
     if len(ids) > limit:
-        raise InvalidArgument(
-            f"prompt: {len(ids)} tokens exceeds this tier's limit of {limit} tokens"
-        )
-    if context is not None and len(ids) + request.max_tokens > context:
+        raise PromptTooLong(len(ids), limit)
+    max_tokens = request.max_tokens
+    if request.fit_to_context and context is not None:
+        max_tokens = min(max_tokens, context - len(ids))  # at least 1: the prompt is in limit
+    if context is not None and len(ids) + max_tokens > context:
         raise InvalidArgument(
             f"max_tokens: prompt of {len(ids)} tokens + max_tokens {request.max_tokens} "
             f"exceeds the model's context of {context} tokens"
         )
-    continued, continued_chars = check_continued(request, prompt_format)
+    continued, continued_chars = check_continued(request, prompt_format, max_tokens)
     return PreparedRequest(
         request_id=request.request_id,
         prompt_ids=(*ids, *continued),
-        max_tokens=request.max_tokens - len(continued),
+        max_tokens=max_tokens - len(continued),
         sampling=request.sampling,
         tokens_per_chunk=request.tokens_per_chunk or tokens_per_chunk,
         eos_token_ids=prompt_format.eos_token_ids,
@@ -128,14 +130,16 @@ def prepare_request(
 
 
 def check_continued(
-    request: GenerationRequest, prompt_format: PromptFormat
+    request: GenerationRequest, prompt_format: PromptFormat, max_tokens: int | None = None
 ) -> tuple[tuple[int, ...], int]:
     """The request's continued answer tokens and how many characters of their text the caller
     has, checked: fewer tokens than max_tokens, each within the model's vocabulary (an id past
     it would fail the whole batch step), none an end-of-sequence token (the answer would have
     ended there), no more characters than their text has (none without tokens). Raises
-    InvalidArgument naming the first fault."""
+    InvalidArgument naming the first fault. `max_tokens`: the request's, as the context fits
+    it (default: as asked)."""
     continued = request.continue_ids
+    max_tokens = request.max_tokens if max_tokens is None else max_tokens
     if not continued:
         if request.continue_chars:  # characters of no tokens: more than their text has
             raise InvalidArgument(
@@ -143,10 +147,9 @@ def check_continued(
                 "continue_token_ids is empty"
             )
         return (), 0
-    if len(continued) > request.max_tokens:
+    if len(continued) > max_tokens:
         raise InvalidArgument(
-            f"continue_token_ids: {len(continued)} tokens are more than max_tokens "
-            f"{request.max_tokens}"
+            f"continue_token_ids: {len(continued)} tokens are more than max_tokens {max_tokens}"
         )
     vocab = prompt_format.vocab_size or len(prompt_format.tokenizer)
     for index, token in enumerate(continued):

@@ -122,6 +122,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
                 request.continue_text_chars if request.HasField("continue_text_chars") else None
             ),
             continue_logprobs=tuple(request.continue_logprobs),
+            fit_to_context=request.fit_max_tokens_to_context,
         )
 
     async def Generate(

@@ -74,6 +74,11 @@ def fail(at: float, call: int, code: str, room: frozenset[str] | None = None) ->
     return (at, "fail", call, (code, room))
 
 
+def too_long(at: float, call: int, limit: int) -> tuple:
+    """The tier cannot hold the prompt (90 tokens) within its limit."""
+    return (at, "too_long", call, limit)
+
+
 def timer(at: float) -> tuple:
     return (at, "timer", None, None)
 
@@ -90,6 +95,7 @@ class Run:
     lines: list[str] = field(default_factory=list)
     tokens: dict[int, int] = field(default_factory=dict)  # token ids handed out, per call
     opens: list[OpenCall] = field(default_factory=list)
+    last_fail: Fail | None = None
 
     def apply(self, actions: list[Action]) -> None:
         for action in actions:
@@ -115,6 +121,7 @@ class Run:
         if isinstance(action, StopTimer):
             return "stop timer"
         if isinstance(action, Fail):
+            self.last_fail = action
             return f"fail {action.tier} {action.error.code}"
         if isinstance(action, TierCallEnded):
             call = next(c.id for c in core.calls if c.request_id == action.request_id)
@@ -160,10 +167,25 @@ class Run:
             assert call is not None
             code, room = arg  # type: ignore[misc]
             self.apply(core.failed(call, TierError(code, "boom"), now, room))
+        elif what == "too_long":
+            assert isinstance(arg, int) and call is not None
+            details = f"prompt: 90 tokens exceeds this tier's limit of {arg} tokens"
+            metadata = {"prompt_tokens": "90", "limit_tokens": str(arg)}
+            error = TierError(
+                "INVALID_ARGUMENT", details, reason="PROMPT_TOO_LONG", metadata=metadata
+            )
+            self.apply(core.failed(call, error, now))
+            if self.lines[-1].startswith("fail"):
+                self.lines.append(core_failure_details(self.last_fail))
         elif what == "timer":
             self.apply(core.timer(now))
         else:
             self.apply(core.client_left())
+
+
+def core_failure_details(fail: Fail | None) -> str:
+    assert fail is not None
+    return f"  {fail.error.details}"
 
 
 def run(
@@ -242,6 +264,41 @@ SCENARIOS = {
         [fail(0.01, 0, "UNAVAILABLE")],
         ["open#0 small in 30 s", "route", "read#0", "ended#0 UNAVAILABLE"]
         + ["fail small UNAVAILABLE"],
+    ),
+    "a prompt a tier cannot hold moves on unseen, past every tier too short": (
+        plan(ROUTED, ("small",), ("medium", "large")),
+        {"small": 2},
+        [too_long(0.01, 0, 64), too_long(0.02, 1, 80), chunk(0.1, 2, "Hi", last=True), end(0.1, 2)],
+        ["open#0 small in 30 s", "route", "read#0", "ended#0 INVALID_ARGUMENT"]
+        + ["open#1 medium in 30 s", "read#1", "ended#1 INVALID_ARGUMENT", "open#2 large in 30 s"]
+        + ["read#2", "start r0", "r0: 'Hi'", "ended#2 OK", "end r0 stop"]
+        + [
+            "final r0 large: small cannot hold the prompt (prompt: 90 tokens exceeds this tier's "
+            "limit of 64 tokens); moved to medium; medium cannot hold the prompt (prompt: 90 "
+            "tokens exceeds this tier's limit of 80 tokens); moved to large; answered by large"
+        ],
+    ),
+    "a prompt no tier holds: refused naming the largest context": (
+        plan(ROUTED, ("small",), ("large", "medium")),
+        {},
+        [too_long(0.01, 0, 64), too_long(0.02, 1, 200), too_long(0.03, 2, 80)],
+        ["open#0 small in 30 s", "route", "read#0", "ended#0 INVALID_ARGUMENT"]
+        + ["open#1 large in 30 s", "read#1", "ended#1 INVALID_ARGUMENT", "open#2 medium in 30 s"]
+        + ["read#2", "ended#2 INVALID_ARGUMENT", "fail large INVALID_ARGUMENT"]
+        + [
+            "  prompt: 90 tokens exceeds the largest context of the tiers that could take it "
+            "(200 tokens)"
+        ],
+    ),
+    "pinned: a prompt its tier cannot hold is refused": (
+        plan(PINNED, ("small",), ("medium",)),
+        {},
+        [too_long(0.01, 0, 64)],
+        ["open#0 small in 30 s", "route", "read#0", "ended#0 INVALID_ARGUMENT"]
+        + [
+            "fail small INVALID_ARGUMENT",
+            "  prompt: 90 tokens exceeds this tier's limit of 64 tokens",
+        ],
     ),
     "bad input is the same anywhere: relayed": (
         plan(ROUTED, ("small",), ("medium",)),
