@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from services.common.errors import ConfigError
 from services.common.tiers import TIER_NAMES
 
-ENGINES = ("torch", "tensorrt_llm", "echo")
+ENGINES = ("torch", "tensorrt_llm", "echo", "openai")
 POLICIES = ("interim_heuristic", "keyword", "threshold", "cost_target", "adaptive")
 GATES = ("always", "race", "cascade")
 
@@ -28,7 +28,8 @@ class TierConfig:
 
     name: str  # "small", "medium" or "large"
     model_path: Path  # local Hugging Face folder; relative paths are relative to the config file
-    engine: str = "torch"  # "torch", "tensorrt_llm" or "echo" (no model: load tests)
+    # "torch", "tensorrt_llm", "echo" (no model: load tests) or "openai" (a remote server)
+    engine: str = "torch"
     device: str = "cpu"  # "cpu", "cuda", "cuda:N"
     dtype: str = "float32"  # weights in "float32", "bfloat16" or "float16"
     # "lazy": weights memory-mapped from the safetensors files (no copy; pages read when used);
@@ -60,6 +61,16 @@ class TierConfig:
     # free, and tokens per second after it per stream (0 = as fast as the loop goes)
     echo_ttft_ms: float = 10.0
     echo_tokens_per_s: float = 100.0
+    # openai only (model_path is ignored): the remote OpenAI-compatible server's API base,
+    # http(s)://HOST:PORT/v1 (one server: a tier's replicas are one process per URL)
+    remote_url: str = ""
+    remote_model: str = ""  # the served model's name; "" = the first that /v1/models lists
+    # the environment variable holding the server's API key (sent as Bearer); "" = no key
+    remote_api_key_env: str = ""
+    remote_ca_file: Path = Path("")  # CA bundle (PEM) that signs an https server; "" = system's
+    # ask for the answer's token ids (vLLM's `return_token_ids`); off for a server that refuses
+    # fields it does not know (the tier then streams text with counts from the usage)
+    remote_token_ids: bool = True
 
     def validate(self) -> None:
         _require(self.name in TIER_NAMES, "name", f"must be one of {', '.join(TIER_NAMES)}")
@@ -85,6 +96,18 @@ class TierConfig:
         _require(self.max_num_tokens >= 0, "max_num_tokens", "must be >= 0")
         _require(self.echo_ttft_ms >= 0, "echo_ttft_ms", "must be >= 0")
         _require(self.echo_tokens_per_s >= 0, "echo_tokens_per_s", "must be >= 0")
+        if self.engine == "openai":
+            _require(
+                _is_remote_url(self.remote_url),
+                "remote_url",
+                f"must be one http(s)://HOST[:PORT]/v1 URL for engine openai, got "
+                f"{self.remote_url!r}",
+            )
+        _require(
+            not self.remote_api_key_env or self.remote_api_key_env.isidentifier(),
+            "remote_api_key_env",
+            f"must be an environment variable's name, got {self.remote_api_key_env!r}",
+        )
 
 
 @dataclass(frozen=True)
@@ -131,6 +154,9 @@ class RouterConfig:
     # Deadlines: a tier call carries the client's remaining deadline, or this when the client
     # set none; a call with no chunk for stall_timeout_ms (first chunk included) has failed.
     tier_call_timeout_s: float = 300.0
+    # a chat that finds every tier able to take it still loading its model waits (within its
+    # deadline) this long for one to be SERVING, instead of failing at once
+    loading_wait_s: float = 60.0
     stall_timeout_ms: int = 10000
     large_queue_limit: int = 8  # threshold policies: large only while its queue is shorter
     # ...and past it, the fallback tier only for a request the predictor gives at least this
@@ -193,6 +219,7 @@ class RouterConfig:
             "must be >= ejection_base_ms",
         )
         _require(self.tier_call_timeout_s > 0, "tier_call_timeout_s", "must be > 0")
+        _require(self.loading_wait_s >= 0, "loading_wait_s", "must be >= 0")
         _require(self.stall_timeout_ms >= 1, "stall_timeout_ms", "must be >= 1")
         _require(self.large_queue_limit >= 0, "large_queue_limit", "must be >= 0")
         _require(
@@ -217,10 +244,27 @@ class GatewayConfig:
     cors_origins: tuple[str, ...] = ()
     # the most choices (`n`) one chat completion may ask for; each is one router chat
     max_choices: int = 8
+    # Connections (services/gateway/connections.py). A request's headers must be in within
+    # header_timeout_s of the connection opening (of the first byte, for a later request on a
+    # kept-alive connection), its body within body_timeout_s of its headers; else it is
+    # closed (408 for a body). A kept-alive connection idle for keepalive_timeout_s is closed.
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keepalive_timeout_s: float = 5.0
+    # open connections at once (lowered at start to stay under the open files limit), and from
+    # one client address; past either a new connection is refused: 503 with Retry-After if its
+    # request comes within a second, else closed. At max_connections the connection idle longest
+    # (no request in progress, for 0.5 s at least) is closed first to make room.
+    max_connections: int = 4096
+    max_connections_per_client: int = 512
 
     def validate(self) -> None:
         _require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
         _require(1 <= self.max_choices <= 128, "max_choices", "must be in [1, 128]")
+        for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
+            _require(getattr(self, name) > 0, name, "must be > 0")
+        for name in ("max_connections", "max_connections_per_client"):
+            _require(getattr(self, name) >= 1, name, "must be >= 1")
         _require(bool(self.router), "router", "must be a gRPC target")
         for i, origin in enumerate(self.cors_origins):
             problem = _origin_problem(origin)
@@ -248,6 +292,17 @@ def _origin_problem(origin: str) -> str | None:
     if port == 0 or origin != origin.lower():
         return f"{wanted} (lower case, port 1-65535): browsers compare origins exactly"
     return None
+
+
+def _is_remote_url(url: str) -> bool:
+    """Whether `url` is one http(s) URL with a host (and a port in 1-65535, if any)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises past 65535
+    except ValueError:
+        return False
+    one = "," not in url and port != 0
+    return one and parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def _require(ok: bool, name: str, message: str) -> None:

@@ -199,21 +199,29 @@ def _plan_control_plane(
     return child, bootstrap, targets
 
 
+FRONT_DOORS = frozenset({"router", "gateway"})  # what clients call: ready once the rest is
+
+
 def wait_healthy(
     children: list[Child], console: Console, credentials: grpc.ChannelCredentials | None = None
 ) -> bool:
     """Polls each child's gRPC health until SERVING; False if one exits or time runs out.
-    `credentials` make the health calls mTLS (a `--secure` run)."""
+    The front doors (router, gateway) are reported serving only once every other child is: a
+    chat sent when the router's ✓ shows finds its tiers loaded. `credentials` make the health
+    calls mTLS (a `--secure` run)."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     pending = {child.name: child for child in children}
     with console.status("starting tiers and router…") as status:
         while pending:
+            behind = any(name not in FRONT_DOORS for name in pending)
             for name, child in list(pending.items()):
                 code = child.exited()
                 if code is not None:
                     console.print(f"[red]{name} exited with code {code}[/red]; log tail:")
                     console.print(child.log_tail(), markup=False)
                     return False
+                if name in FRONT_DOORS and behind:
+                    continue
                 if is_healthy(child, credentials):
                     del pending[name]
                     console.print(f"[green]✓[/green] {name} serving on {child.address}")

@@ -5,7 +5,7 @@ where a failed call moves on, and the RouteDecision the client sees.
 
 Pure functions over plain data: no calls, no clock, no policy of its own (the policy's choice
 comes in as an argument). Raises InvalidArgument for a bad request, TiersFull when every tier
-that could take the chat reports itself full.
+that could take the chat reports itself full, TiersLoading when none can take it yet.
 """
 
 from __future__ import annotations
@@ -27,7 +27,13 @@ from services.common.validation import (
     conversation,
 )
 from services.router.chat_plan import ChatPlan
-from services.router.fallback import Down, choose_with_fallback, fallback_chain, fallback_order
+from services.router.fallback import (
+    Down,
+    Loading,
+    choose_with_fallback,
+    fallback_chain,
+    fallback_order,
+)
 from services.router.policy import Loads, RouteChoice, RoutingInput
 
 # request mode -> the mode the router runs: the client's named modes, unset meaning routed
@@ -93,18 +99,21 @@ def plan_chat(
     loads: Loads,
     down: Down,
     choice: RouteChoice | None = None,
+    loading: Loading | None = None,
 ) -> ChatPlan:
     """The complete plan of a checked chat. `choice` is the routing policy's for this chat:
     required for ROUTED (it picks the tier); for PINNED and PROGRESSIVE, whose tiers do not
-    depend on it, it may be None (RouteDecision.complexity 0: the caller reports it later)."""
+    depend on it, it may be None (RouteDecision.complexity 0: the caller reports it later).
+    Given `loading`, a chat no tier can take yet while one is loading raises TiersLoading (the
+    caller may wait and plan again); without, it goes to its tier all the same."""
     if chat.mode == router_pb2.MODE_PINNED:
-        tiers, fallbacks, policy, reason = _pinned(chat, config, loads, down)
+        tiers, fallbacks, policy, reason = _pinned(chat, config, loads, down, loading)
     elif chat.mode == router_pb2.MODE_PROGRESSIVE:
-        tiers, fallbacks, policy, reason = _progressive(chat, config, loads, down)
+        tiers, fallbacks, policy, reason = _progressive(chat, config, loads, down, loading)
     else:
         if choice is None:
             raise ValueError("a ROUTED chat is planned with the policy's choice")
-        tier, note, fallbacks = choose_with_fallback(choice.tier, loads, config, down)
+        tier, note, fallbacks = choose_with_fallback(choice.tier, loads, config, down, loading)
         tiers = (_configured(tier, "tier", config),)
         policy, reason = choice.policy, choice.reason + note
     routed = chat.mode == router_pb2.MODE_ROUTED
@@ -141,16 +150,20 @@ def plan_chat(
 Tiers = tuple[tuple[str, ...], tuple[str, ...], str, str]  # tiers, fallbacks, policy, reason
 
 
-def _pinned(chat: ChatRequestFields, config: RouterConfig, loads: Loads, down: Down) -> Tiers:
+def _pinned(
+    chat: ChatRequestFields, config: RouterConfig, loads: Loads, down: Down, loading: Loading | None
+) -> Tiers:
     if not chat.tier:
         raise InvalidArgument("tier: required with MODE_PINNED")
     tier = _configured(chat.tier, "tier", config)
-    choose_with_fallback(tier, loads, config, down)  # TiersFull if every tier is full
+    choose_with_fallback(tier, loads, config, down, loading)  # TiersFull if every tier is full
     # a pinned call's failover follows its own tier's chain, whichever tier could take it
     return (tier,), fallback_order(tier, loads, config, down), "pinned", f"pinned to {tier}"
 
 
-def _progressive(chat: ChatRequestFields, config: RouterConfig, loads: Loads, down: Down) -> Tiers:
+def _progressive(
+    chat: ChatRequestFields, config: RouterConfig, loads: Loads, down: Down, loading: Loading | None
+) -> Tiers:
     """(draft, refine), or (refine,) alone when the draft tier is down; a refine tier that is
     down gives way to the first able tier of its fallback chain. The reason says so."""
     draft = _configured(chat.draft_tier, "draft_tier", config)
@@ -172,7 +185,7 @@ def _progressive(chat: ChatRequestFields, config: RouterConfig, loads: Loads, do
     if chat.gate != "always":
         reason += f"; gate {chat.gate} at draft confidence {config.min_draft_confidence:.2f}"
     reason += "".join(f"; {note}" for note in notes)
-    choose_with_fallback(refine, loads, config, down)  # TiersFull if every tier is full
+    choose_with_fallback(refine, loads, config, down, loading)  # TiersFull if every tier is full
     then = fallback_order(refine, loads, config, down)
     # with a draft to keep, a refinement moves on only to tiers able to take it
     fallbacks = then if len(tiers) == 1 else tuple(t for t in then if down(t) is None)

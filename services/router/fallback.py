@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from services.common.config import RouterConfig
-from services.common.errors import Overloaded
+from services.common.errors import Overloaded, Unavailable
 from services.router.policy import Loads, TierLoad
 
 Down = Callable[[str], "str | None"]  # why a tier cannot take a call now; None if it can
@@ -30,6 +30,14 @@ class TiersFull(Overloaded):
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class TiersLoading(Unavailable):
+    """No tier of the chain may take a call now, and some are still loading their model: a
+    caller with time left may wait for one to serve."""
+
+
+Loading = Callable[[str], bool]  # whether a tier is still loading (will serve soon)
 
 
 def never_down(tier: str) -> str | None:
@@ -83,12 +91,17 @@ def fallback_order(
 
 
 def choose_with_fallback(
-    tier: str, loads: Loads, config: RouterConfig, down: Down = never_down
+    tier: str,
+    loads: Loads,
+    config: RouterConfig,
+    down: Down = never_down,
+    loading: Loading | None = None,
 ) -> tuple[str, str, tuple[str, ...]]:
     """The tier to use, a note for the decision's reason ("" when no fallback happened), and
     the tiers a failed call moves on to (those able to take it first). When no tier of the
     chain can take it, the chosen tier is tried all the same and the note says so, unless every
-    tier of the chain that is up reports a full queue: then TiersFull is raised."""
+    tier of the chain that is up reports a full queue: then TiersFull is raised; or, given
+    `loading`, one of them is still loading: then TiersLoading is raised."""
     candidates = (tier, *fallback_chain(tier, config))
     refusals = {t: refusal(t, loads.get(t), config, down) for t in candidates}
     notes = []
@@ -106,6 +119,8 @@ def choose_with_fallback(
             raise TiersFull(
                 f"every tier full: {'; '.join(notes)}", retry_after_s=max(MIN_RETRY_S, wait_s)
             )
+        if loading is not None and any(loading(t) for t in candidates):
+            raise TiersLoading(f"no tier able to take it yet: {'; '.join(notes)}")
         return tier, f"; {'; '.join(notes)}; no tier available, trying {tier}", candidates[1:]
     then = fallback_order(chosen, loads, config, down)
     if chosen == tier:

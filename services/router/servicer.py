@@ -31,6 +31,7 @@ from services.router.chat_plan import ChatPlan, SessionClock
 from services.router.chat_planning import check_chat_request, plan_chat
 from services.router.chat_session import ChatSession
 from services.router.chat_telemetry import NO_TELEMETRY, chat_telemetry
+from services.router.fallback import TiersLoading
 from services.router.learning import AnswersAgree, RoutingLessons
 from services.router.policy import Loads, RouteChoice, RoutingInput, RoutingPolicy
 from services.router.tier_calls import TierClient
@@ -38,6 +39,7 @@ from services.router.tier_health import TierHealth
 from services.security.api_key_auth import current_api_key
 
 log = logging.getLogger(__name__)
+LOADING_MARGIN_S = 0.5  # of the client's deadline, kept back from waiting for a loading tier
 
 
 class RouterServicer(router_pb2_grpc.RouterServiceServicer):
@@ -63,18 +65,39 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self.inflight = 0
 
     def plan(
-        self, request: router_pb2.ChatRequest | Undecodable, route_now: bool = True
+        self,
+        request: router_pb2.ChatRequest | Undecodable,
+        route_now: bool = True,
+        wait_for_loading: bool = False,
     ) -> ChatPlan:
         """Checks the request and plans it (chat_planning.py); raises InvalidArgument or
-        TiersFull. With `route_now` False, a mode whose tiers do not depend on the routing
-        policy is planned without its choice (see assess)."""
+        TiersFull, and with `wait_for_loading` TiersLoading. With `route_now` False, a mode whose
+        tiers do not depend on the routing policy is planned without its choice (see assess)."""
         if isinstance(request, Undecodable):
             raise InvalidArgument(request.message)
         chat = check_chat_request(request, self._config)
         choice = None
         if route_now or chat.mode == router_pb2.MODE_ROUTED:
             choice = self._policy.route(chat.routing_input, self._loads)
-        return plan_chat(chat, self._config, self._loads, self._down, choice)
+        loading = self._health.loading if wait_for_loading else None
+        return plan_chat(chat, self._config, self._loads, self._down, choice, loading)
+
+    async def _plan_when_serving(
+        self, request: router_pb2.ChatRequest | Undecodable, time_remaining_s: float | None
+    ) -> ChatPlan:
+        """The chat's plan; while no tier can take it yet because tiers are loading, planned
+        again each time one starts serving, for up to loading_wait_s within the deadline (then
+        it goes to its tier all the same)."""
+        wait_s = self._config.loading_wait_s
+        if time_remaining_s is not None:
+            wait_s = min(wait_s, time_remaining_s - LOADING_MARGIN_S)
+        until = time.monotonic() + wait_s
+        while True:
+            left = until - time.monotonic()
+            try:
+                return self.plan(request, route_now=False, wait_for_loading=left > 0)
+            except TiersLoading:
+                await self._health.changed(left)
 
     def assess(self, plan: ChatPlan) -> RouteChoice:
         """The policy's choice for a chat: the plan's, or (a mode planned without it) the
@@ -109,7 +132,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         unrouted: ChatPlan | None = None  # planned, RouteDecision not sent yet
         try:
             try:
-                plan = self.plan(request, route_now=False)
+                plan = await self._plan_when_serving(request, context.time_remaining())
             except TiermeshError as e:
                 code, message = e.status, str(e)
                 await abort_error(context, e)

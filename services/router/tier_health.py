@@ -9,6 +9,7 @@ Knows the chat events, tier and replica names; knows nothing of gRPC channels or
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
@@ -33,6 +34,13 @@ class ReplicaReports(Protocol):
     def note_refusal(self, endpoint: str) -> None:
         """A call to the replica was refused for overload (RESOURCE_EXHAUSTED)."""
 
+    def endpoint_loading(self, endpoint: str) -> bool:
+        """Whether the replica is up but still loading its model (will serve soon)."""
+        ...
+
+    async def changed(self, timeout_s: float) -> None:
+        """Returns when a replica starts or stops serving, or after `timeout_s`."""
+
 
 class NoReports:
     """Every replica up, load unknown: for a router that watches nothing (tests)."""
@@ -45,6 +53,12 @@ class NoReports:
 
     def note_refusal(self, endpoint: str) -> None:
         return None
+
+    def endpoint_loading(self, endpoint: str) -> bool:
+        return False
+
+    async def changed(self, timeout_s: float) -> None:
+        await asyncio.sleep(timeout_s)
 
 
 class TierHealth:
@@ -85,6 +99,14 @@ class TierHealth:
         if len(endpoints) == 1:
             return f"{tier} {reasons[0].partition(': ')[2]}"
         return f"{tier} has no replica able to serve ({'; '.join(reasons)})"
+
+    def loading(self, tier: str) -> bool:
+        """Whether a replica of `tier` is still loading its model (it will serve soon)."""
+        return any(self._reports.endpoint_loading(e) for e in self._replicas.get(tier, ()))
+
+    async def changed(self, timeout_s: float) -> None:
+        """Returns when a replica starts or stops serving, or after `timeout_s`."""
+        await self._reports.changed(timeout_s)
 
     def has_room(self, tier: str, avoid: Collection[str]) -> bool:
         """Whether a replica of `tier`, none of `avoid`, may take a call and by its last load

@@ -93,6 +93,7 @@ class TierLoadWatcher:
         self._draining: set[str] = set()  # went NOT_SERVING after SERVING; cleared when back
         self._load_calls: dict[str, grpc.aio.UnaryStreamCall[Any, Any]] = {}
         self._heard: dict[str, asyncio.Event] = {}
+        self._change = asyncio.Event()  # set (and replaced) when a replica starts or stops serving
         self.loads = LiveLoads(self)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -127,6 +128,25 @@ class TierLoadWatcher:
         if load is not None and not load.serving:
             return "not serving"
         return None
+
+    def endpoint_loading(self, endpoint: str) -> bool:
+        """Whether the replica is up but not serving yet (loading its model), not draining."""
+        if endpoint in self._draining:
+            return False
+        health = self._health.get(endpoint)
+        load = self.reported.get(endpoint)
+        return (health is not None and health != "SERVING") or (
+            load is not None and not load.serving
+        )
+
+    async def changed(self, timeout_s: float) -> None:
+        """Returns when a replica starts or stops serving, or after `timeout_s`."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._change.wait(), timeout_s)
+
+    def _pulse(self) -> None:
+        self._change.set()
+        self._change = asyncio.Event()
 
     def endpoint_load(self, endpoint: str) -> TierLoad | None:
         """The replica's last load report while it is up, else None (unknown); `refusing` set
@@ -169,7 +189,10 @@ class TierLoadWatcher:
             self._load_calls[endpoint] = call
             try:
                 async for status in call:
+                    before = self.reported[endpoint]
                     self.reported[endpoint] = load_from_status(status)
+                    if before is None or before.serving != status.serving:
+                        self._pulse()
                     self._calls_since_report[endpoint] = 0
                     self._refused.pop(endpoint, None)
                     self._reported_at[endpoint] = time.monotonic()
@@ -203,6 +226,8 @@ class TierLoadWatcher:
             try:
                 async for response in call:
                     status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+                    if self._health.get(endpoint) != status:
+                        self._pulse()
                     self._health[endpoint] = status
                     self._draining.discard(endpoint)
                     if status == "SERVING":

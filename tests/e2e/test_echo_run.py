@@ -27,6 +27,9 @@ def test_run_with_echo_tiers_answers_through_the_router(tmp_path: Path) -> None:
     args += ["--echo-tokens-per-s", "0"]
     with tiermesh_run(args, {"TIERMESH_RUN_DIR": str(tmp_path / "run")}) as (_, output):
         assert "tiermesh is up" in "".join(output)
+        ready = [line.split()[1] for line in "".join(output).splitlines() if "✓" in line]
+        # the front doors are reported serving only after every tier
+        assert set(ready[-2:]) == {"router", "gateway"} and set(ready[:-2]) == set(TIER_NAMES)
         router = f"127.0.0.1:{base}"
         pinned = [_chat(router, "--mode", "pinned", "--tier", "small", "--max-tokens", "6")]
         pinned.append(_chat(router, "--mode", "pinned", "--tier", "small", "--max-tokens", "6"))
