@@ -6,11 +6,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from tiermesh.v1 import router_pb2
 
 from services.common.config import RouterConfig
 from services.router.chat_events import TierCallEnded
-from services.router.fallback import choose_with_fallback, fallback_chain, fallback_order
+from services.router.fallback import (
+    TiersLoading,
+    choose_with_fallback,
+    fallback_chain,
+    fallback_order,
+)
 from services.router.outlier import OutlierDetector
 from services.router.policy import InterimHeuristicPolicy, TierLoad
 from services.router.servicer import RouterServicer
@@ -94,6 +100,15 @@ def test_with_no_tier_available_the_chosen_one_is_tried_and_the_note_says_so() -
     tier, note, then = choose_with_fallback("small", loads, CONFIG)
     assert (tier, then) == ("small", ("medium", "large"))
     assert note.endswith("no tier available, trying small")
+
+
+def test_with_no_tier_available_but_one_loading_the_caller_may_wait() -> None:
+    loads = dict.fromkeys(("small", "medium", "large"))
+    with pytest.raises(TiersLoading, match="no tier able to take it yet"):
+        choose_with_fallback("small", loads, CONFIG, loading=lambda tier: tier == "large")
+    # none loading: tried all the same
+    tier, note, _ = choose_with_fallback("small", loads, CONFIG, loading=lambda tier: False)
+    assert tier == "small" and note.endswith("no tier available, trying small")
 
 
 def test_a_failed_call_moves_along_its_own_tiers_chain_whichever_tier_could_take_it() -> None:
