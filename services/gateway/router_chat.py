@@ -156,6 +156,8 @@ class RouterChat:
         violations = status.details.field_violations
         if gateway_error.status == 400 and violations:
             gateway_error.param = openai_param(violations[0][0])
+        if status.details.reason == "PROMPT_TOO_LONG":  # no tier holds the conversation
+            gateway_error.code = "context_length_exceeded"  # OpenAI's code for it
         return gateway_error
 
 

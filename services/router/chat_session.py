@@ -33,6 +33,7 @@ from services.router.session_core import SessionCore
 from services.router.tier_calls import TierCall, TierClient
 
 Chunks = AsyncIterator[tier_pb2.GenerateChunk]
+EMITTED = (router_pb2.ChatEvent, TierCallEnded, RefinementSettled)  # actions that are events
 
 
 class ChatSession:
@@ -75,7 +76,7 @@ class ChatSession:
             actions = core.start(time.perf_counter())
             while True:
                 for action in actions:
-                    if isinstance(action, router_pb2.ChatEvent | TierCallEnded | RefinementSettled):
+                    if isinstance(action, EMITTED):
                         yield action
                     elif isinstance(action, OpenCall):
                         yield action.opening  # observers add their metadata to it

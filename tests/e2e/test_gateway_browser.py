@@ -189,3 +189,50 @@ def test_a_frontend_of_another_origin_streams_only_where_allowed(
     assert allowed.get("status") == 200, allowed
     assert _sse_content(allowed["body"]) == expected["choices"][0]["message"]["content"]
     assert "Failed to fetch" in refused.get("error", ""), refused
+
+
+@pytest.fixture(scope="module")
+def short_context_gateway(tiny_model_dir: Path) -> Iterator[GatewayMesh]:
+    """A mesh whose tiers take prompts of at most 96 tokens: a few turns fill it."""
+    mesh = GatewayMesh.start(
+        tiny_model_dir,
+        tier_options={"max_prompt_tokens": 96},
+        router_options={"default_max_tokens": 12},
+    )
+    yield mesh
+    mesh.stop()
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent")
+@pytest.mark.parametrize("model", ["tiermesh-progressive", "tiermesh-routed", "tiermesh-small"])
+def test_a_six_turn_conversation_drops_its_oldest_turns_instead_of_failing(
+    short_context_gateway: GatewayMesh, tmp_path: Path, model: str
+) -> None:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+        )
+        try:
+            page = browser.new_page()
+            page.goto(short_context_gateway.url + "/")
+            page.locator("#mode").select_option(model)
+            for turn in range(6):
+                page.locator("#prompt").fill(f"What does item {turn} cost, and can I return it?")
+                page.keyboard.press("Enter")
+                answer = page.locator(".assistant").nth(turn)
+                answer.and_(page.locator("[data-state=done], [data-state=error]")).wait_for(
+                    timeout=60_000
+                )
+            states = page.eval_on_selector_all(
+                ".assistant", "items => items.map(i => i.dataset.state)"
+            )
+            notes = page.eval_on_selector_all(
+                ".assistant", "items => items.map(i => i.querySelector('.meta').textContent)"
+            )
+        finally:
+            browser.close()
+    assert states == ["done"] * 6, notes
+    assert "earlier turns not sent" not in notes[0]
+    assert any("earlier turns not sent" in note for note in notes[2:]), notes
