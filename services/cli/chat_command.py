@@ -16,9 +16,12 @@ from services.common.tiers import TIER_NAMES
 from services.common.validation import MAX_TOP_LOGPROBS
 from services.launcher.run_options import (
     TIER_NICE,
+    engine_option,
     model_overrides,
     nice_level,
+    remote_models,
     replica_counts,
+    tier_engines,
 )
 
 DEMO_PROMPT = "What is your return policy?"
@@ -30,12 +33,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     stop_with_parent()  # started by a harness: stop (and stop the mesh) when it dies
     echo = None
-    if args.engine == "echo":
+    every_tier, remote_tiers = tier_engines(args.engine)
+    if every_tier == "echo":
         echo = EchoSettings(ttft_ms=args.echo_ttft_ms, tokens_per_s=args.echo_tokens_per_s)
 
     return run_mesh(
         base_port=args.base_port,
-        models=model_overrides(args.model),
+        models=model_overrides(args.model, remote=True),
         device=args.device,
         demo_prompt=None if args.no_demo else args.demo_prompt,
         mesh=args.mesh,
@@ -45,6 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         echo=echo,
         tier_nice=args.tier_nice,
         cors_origins=tuple(args.cors_origin),
+        remotes=remote_models(args.model, remote_tiers),
     )
 
 
@@ -89,7 +94,12 @@ def register_run(commands: Any) -> None:
     run.add_argument("--no-demo", action="store_true", help="skip the demo chat after start-up")
     run.add_argument("--demo-prompt", default=DEMO_PROMPT, help="prompt of the demo chat")
     run.add_argument(
-        "--model", action="append", default=[], metavar="TIER=PATH", help="override a model"
+        "--model",
+        action="append",
+        default=[],
+        metavar="TIER=PATH|URL",
+        help="override a tier's model folder; or http(s)://HOST:PORT/v1 (several: comma "
+        "separated, one tier process each): a remote OpenAI-compatible server",
     )
     run.add_argument("--device", help="device for every tier (cpu, cuda, cuda:N)")
     run.add_argument(
@@ -128,10 +138,13 @@ def register_run(commands: Any) -> None:
     )
     run.add_argument(
         "--engine",
-        choices=("model", "echo"),
-        default="model",
+        action="append",
+        type=engine_option,
+        default=[],
+        metavar="model|echo|TIER=openai",
         help="echo: tiers with no model that stream a deterministic answer at a set TTFT and "
-        "token rate (load tests of the mesh); model: each tier's configured engine",
+        "token rate (load tests of the mesh); model: each tier's configured engine (default); "
+        "TIER=openai: that tier is the remote server its --model TIER=URL names",
     )
     run.add_argument("--echo-ttft-ms", type=float, default=10.0, help="echo tiers' TTFT")
     run.add_argument(

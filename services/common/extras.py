@@ -6,6 +6,7 @@ error that says so when one is missing (instead of a bare ModuleNotFoundError de
 | matplotlib | bench | the benchmark's and route-eval's plots |
 | sklearn | train | training the complexity predictor |
 | envoy (xds-protos) | mesh | the xDS control plane and its admin client |
+| httpx | remote | a tier whose engine is a remote OpenAI-compatible server (`openai`) |
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "matplotlib": ("bench", "matplotlib"),
     "sklearn": ("train", "scikit-learn"),
     "envoy": ("mesh", "xds-protos"),
+    "httpx": ("remote", "httpx"),
 }
 
 

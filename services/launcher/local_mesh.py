@@ -34,6 +34,7 @@ from services.common.ports import free_port, free_port_layout
 from services.common.serving import is_serving
 from services.common.tiers import TIER_NAMES
 from services.launcher.echo_tiers import EchoSettings, echo_tier_command
+from services.launcher.remote_tiers import remote_tier_commands
 from services.launcher.run_addresses import (
     remove_run_addresses,
     run_addresses,
@@ -78,16 +79,29 @@ def plan_children(
     echo: EchoSettings | None = None,
     tier_nice: int = TIER_NICE,
     cors_origins: tuple[str, ...] = (),
+    remotes: dict[str, tuple[str, ...]] | None = None,
 ) -> list[Child]:
     """The processes to start (the gateway, then the router last); raises ConfigError if a
     model folder is missing. `replicas` runs that many processes of a tier ("small", "small-2",
     ...; those past the first on free ports, metrics off), all given to the router. `secure`
     gives every child its TLS and key environment. `echo` runs echo tiers (no model).
     `tier_nice` is added to the tiers' nice value (0: the launcher's priority).
-    `cors_origins`: the browser origins the gateway answers cross-origin (none: same origin)."""
+    `cors_origins`: the browser origins the gateway answers cross-origin (none: same origin).
+    `remotes`: tiers served by remote OpenAI-compatible servers, one process per URL
+    (remote_tiers.py); echo does not apply to them."""
     xds_tls = secure.router_xds_tls() if secure is not None else None
     children = _plan_children(
-        base_port, models, device, run_dir, mesh, http_port, replicas, xds_tls, echo, tier_nice
+        base_port,
+        models,
+        device,
+        run_dir,
+        mesh,
+        http_port,
+        replicas,
+        xds_tls,
+        echo,
+        tier_nice,
+        remotes or {},
     )
     if cors_origins:
         build_config(GatewayConfig, {"cors_origins": list(cors_origins)})  # the gateway's check
@@ -110,6 +124,7 @@ def _plan_children(
     xds_tls: XdsTls | None = None,
     echo: EchoSettings | None = None,
     tier_nice: int = TIER_NICE,
+    remotes: dict[str, tuple[str, ...]] | None = None,
 ) -> list[Child]:
     children = []
     tier_targets = []
@@ -118,7 +133,17 @@ def _plan_children(
         port = None if base_port is None else base_port + 10 + index
         config = load_config(TierConfig, tier_config_path(tier), port=port, device=device)
         model = models.get(tier, config.model_path)
-        if echo is not None:
+        count = (replicas or {}).get(tier, 1)
+        commands: list[list[str]] = []  # each replica's own command, for a remote tier
+        if urls := (remotes or {}).get(tier):
+            if count > 1:
+                raise ConfigError(
+                    f"--replicas {tier}={count}: a remote tier runs one process per URL of "
+                    f"--model {tier}=URL,URL,..."
+                )
+            commands = remote_tier_commands(tier, tier_config_path(tier), run_dir, urls)
+            tier_command, count = commands[0], len(commands)
+        elif echo is not None:
             tier_command = echo_tier_command(tier, tier_config_path(tier), run_dir, echo)
         elif not (model / "config.json").is_file():
             raise ConfigError(
@@ -134,9 +159,10 @@ def _plan_children(
         address = f"{config.host}:{config.port}"
         children.append(Child(tier, address, command, run_dir / f"{tier}.log", nice=tier_nice))
         addresses, tier_ports[tier] = [address], [config.port]
-        for n in range(2, (replicas or {}).get(tier, 1) + 1):
+        for n in range(2, count + 1):
             name, port = f"{tier}-{n}", free_port()
-            replica = [*tier_command, "--port", str(port), "--metrics-port", "0"]
+            own = commands[n - 1] if commands else tier_command
+            replica = [*own, "--port", str(port), "--metrics-port", "0"]
             addresses.append(f"{config.host}:{port}")
             tier_ports[tier].append(port)
             log_path = run_dir / f"{name}.log"
@@ -307,6 +333,7 @@ def run_mesh(
     echo: EchoSettings | None = None,
     tier_nice: int = TIER_NICE,
     cors_origins: tuple[str, ...] = (),
+    remotes: dict[str, tuple[str, ...]] | None = None,
 ) -> int:
     console = console or Console()
     run_dir = Path(env.run_dir())
@@ -329,6 +356,7 @@ def run_mesh(
             echo=echo,
             tier_nice=tier_nice,
             cors_origins=cors_origins,
+            remotes=remotes,
         )
     except ConfigError as e:
         console.print(f"[red]tiermesh run:[/red] {e}")

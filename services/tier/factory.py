@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from services.common.config import TierConfig
 from services.common.errors import ConfigError
 from services.tier.engine import Engine
@@ -21,4 +23,8 @@ def create_engine(config: TierConfig) -> Engine:
         from services.tier.echo_engine import EchoEngine
 
         return EchoEngine(config)
+    if config.engine == "openai":
+        from services.tier.openai_engine import OpenAiEngine
+
+        return OpenAiEngine(config, os.environ)  # it reads the variable the config names
     raise ConfigError(f"engine: {config.engine!r} is not available in this build")
