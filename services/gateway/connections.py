@@ -1,0 +1,402 @@
+"""The gateway's connection limits: deadlines for a request's headers and body, an idle
+keep-alive timeout, and caps on open connections, in all and per client address, so that slow or
+half-open connections cannot hold the front door's descriptors.
+
+How: uvicorn closes an idle kept-alive connection (`timeout_keep_alive`) but has no deadline
+for headers or a body and no connection cap (its `limit_concurrency` answers 503 only once a
+request is read, while the connection already holds a descriptor). So the gateway serves HTTP/1.1
+with `GuardedHttpProtocol`, a subclass of uvicorn's httptools protocol that hooks its parser's
+callbacks (message begin, headers complete, message complete, response complete) and the
+asyncio protocol's (connection made and lost); no socket or event loop is wrapped.
+`ConnectionGuard` counts and decides (admit, make room, refuse) with no I/O.
+
+- A connection is admitted while fewer than `max_connections` are open and fewer than
+  `max_connections_per_client` from its address. At `max_connections` the connection idle
+  longest (no request in progress: still waiting for its headers, or kept alive between requests)
+  is closed to make room, if it has been idle for MIN_IDLE_S, so half-open connections give way to
+  new ones; else the new one is refused. A refused connection holds no slot: if its request
+  arrives within REFUSAL_WAIT_S it is answered 503 with Retry-After, else closed; at most
+  MAX_REFUSING are being refused at once, past that they are closed as accepted.
+- Headers must be in within `header_timeout_s` of the connection opening (of a request's first
+  byte on a kept-alive connection) and within MAX_HEADER_BYTES (else 431); the body within
+  `body_timeout_s` of the headers (else 408). Either closes the connection.
+
+Knows uvicorn's httptools protocol and the gateway's config; nothing of the routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.utils import get_remote_addr
+
+from services.common.config import GatewayConfig
+
+log = logging.getLogger(__name__)
+
+MIN_IDLE_S = 0.5  # a connection idle for less is never closed to make room
+REFUSAL_WAIT_S = 1.0  # a refused connection's request gets a 503 if it comes within this
+MAX_REFUSING = 256  # refused connections open at once; past it, closed as accepted
+MAX_HEADER_BYTES = 64 * 1024  # a request line and headers larger: 431, closed
+LOG_EVERY_S = 10.0  # refusals and timeouts are logged at most this often
+
+# why a connection was refused, and why one was closed by the gateway
+REFUSED_FULL = "max_connections"
+REFUSED_CLIENT = "max_connections_per_client"
+REFUSALS = (REFUSED_FULL, REFUSED_CLIENT)
+HEADER_TIMEOUT = "header_timeout"
+BODY_TIMEOUT = "body_timeout"
+IDLE_TIMEOUT = "idle_timeout"
+MADE_ROOM = "made_room"
+HEADERS_TOO_LARGE = "headers_too_large"
+CLOSES = (HEADER_TIMEOUT, BODY_TIMEOUT, IDLE_TIMEOUT, MADE_ROOM, HEADERS_TOO_LARGE)
+
+C = TypeVar("C", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keepalive_timeout_s: float = 5.0
+    max_connections: int = 4096
+    max_connections_per_client: int = 512
+    retry_after_s: int = 1  # Retry-After of a refusal's 503
+
+    @classmethod
+    def from_config(cls, config: GatewayConfig, max_connections: int) -> ConnectionLimits:
+        """The config's limits with `max_connections` (the config's, kept under the open files
+        limit)."""
+        return cls(
+            header_timeout_s=config.header_timeout_s,
+            body_timeout_s=config.body_timeout_s,
+            keepalive_timeout_s=config.keepalive_timeout_s,
+            max_connections=max_connections,
+            max_connections_per_client=config.max_connections_per_client,
+            retry_after_s=max(1, config.retry_after_s),
+        )
+
+
+@dataclass(frozen=True)
+class Admission(Generic[C]):
+    refused: str | None = None  # REFUSED_FULL or REFUSED_CLIENT; None: admitted
+    make_room: C | None = None  # admitted by closing this idle connection
+
+
+@dataclass
+class ConnectionGuard(Generic[C]):
+    """Open connections by client address, which of them are idle (no request in progress) and
+    since when, and the counts /metrics shows. One event loop's: not thread-safe."""
+
+    limits: ConnectionLimits
+    clock: Callable[[], float] = time.monotonic
+    refused: Counter[str] = field(default_factory=Counter)
+    closed: Counter[str] = field(default_factory=Counter)
+    answered_503: int = 0
+    refusing: int = 0  # refused connections still open (waiting for a request to answer 503)
+    _hosts: dict[C, str] = field(default_factory=dict)
+    _per_client: Counter[str] = field(default_factory=Counter)
+    _idle: OrderedDict[C, float] = field(default_factory=OrderedDict)  # oldest idle first
+
+    @property
+    def open(self) -> int:
+        return len(self._hosts)
+
+    def from_client(self, host: str) -> int:
+        return self._per_client[host]
+
+    def admit(self, connection: C, host: str) -> Admission[C]:
+        """Admits `connection` from `host` (idle until `busy`), or says why not. At the cap the
+        connection idle longest, if idle for MIN_IDLE_S, is released to make room: the caller
+        closes it."""
+        if self._per_client[host] >= self.limits.max_connections_per_client:
+            self.refused[REFUSED_CLIENT] += 1
+            return Admission(refused=REFUSED_CLIENT)
+        room: C | None = None
+        if len(self._hosts) >= self.limits.max_connections:
+            oldest = next(iter(self._idle.items()), None)
+            if oldest is None or self.clock() - oldest[1] < MIN_IDLE_S:
+                self.refused[REFUSED_FULL] += 1
+                return Admission(refused=REFUSED_FULL)
+            room = oldest[0]
+            self.release(room)
+            self.closed[MADE_ROOM] += 1
+        self._hosts[connection] = host
+        self._per_client[host] += 1
+        self._idle[connection] = self.clock()
+        return Admission(make_room=room)
+
+    def busy(self, connection: C) -> None:
+        """A request's headers are in: the connection is no longer a candidate to make room."""
+        self._idle.pop(connection, None)
+
+    def idle(self, connection: C) -> None:
+        """Its response is complete: idle (kept alive) from now."""
+        if connection in self._hosts:
+            self._idle.pop(connection, None)
+            self._idle[connection] = self.clock()
+
+    def release(self, connection: C) -> None:
+        """The connection is closed (or about to be): its slot is free. Idempotent."""
+        host = self._hosts.pop(connection, None)
+        self._idle.pop(connection, None)
+        if host is not None:
+            self._per_client[host] -= 1
+            if self._per_client[host] <= 0:
+                del self._per_client[host]
+
+
+class _LogLimiter:
+    """One log line per LOG_EVERY_S at most, with the counts since the last one."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + LOG_EVERY_S
+        return True
+
+
+def _response(status: str, headers: list[tuple[str, str]], body: bytes = b"") -> bytes:
+    lines = [f"HTTP/1.1 {status}", *(f"{k}: {v}" for k, v in headers)]
+    lines += [f"content-length: {len(body)}", "connection: close", "", ""]
+    return "\r\n".join(lines).encode("ascii") + body
+
+
+def _error_body(message: str, code: str) -> bytes:
+    """OpenAI's error shape, as the gateway's other errors."""
+    escaped = message.replace('"', "'")
+    return (
+        f'{{"error": {{"message": "{escaped}", "type": "server_error", "param": null, '
+        f'"code": "{code}"}}}}'
+    ).encode()
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol under the gateway's connection limits (module docstring).
+    `guard` is set on the subclass `protocol_class` makes for one server."""
+
+    guard: ClassVar[ConnectionGuard[GuardedHttpProtocol]]
+    _logs: ClassVar[_LogLimiter]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.timeout_keep_alive = self.guard.limits.keepalive_timeout_s  # type: ignore[assignment]
+        self._admitted = False
+        self._deadline: asyncio.TimerHandle | None = None
+        self._phase: str | None = None  # "headers" or "body" while a deadline runs
+        self._header_bytes = 0
+        self._refusal_timer: asyncio.TimerHandle | None = None
+        self._answered = False
+
+    # asyncio's protocol callbacks
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        address = get_remote_addr(transport)
+        admission = self.guard.admit(self, address[0] if address else "")
+        if admission.make_room is not None:
+            admission.make_room.transport.close()
+        if admission.refused is not None:
+            self._refuse(transport, admission.refused)
+            return
+        self._admitted = True
+        super().connection_made(transport)
+        self._start(HEADER_TIMEOUT, self.guard.limits.header_timeout_s)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._admitted:
+            self._refusal_received()
+            return
+        super().data_received(data)
+        if self._phase == HEADER_TIMEOUT and not self.transport.is_closing():
+            self._header_bytes += len(data)
+            if self._header_bytes > MAX_HEADER_BYTES:
+                answer = self.cycle is None or self.cycle.response_complete
+                status = "431 Request Header Fields Too Large" if answer else None
+                self._close(HEADERS_TOO_LARGE, status)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop()
+        if not self._admitted:
+            self.connections.discard(self)
+            if self._refusal_timer is not None:
+                self._refusal_timer.cancel()
+                self._refusal_timer = None
+                self.guard.refusing -= 1
+            return
+        self.guard.release(self)
+        super().connection_lost(exc)
+
+    # the parser's callbacks (inside data_received)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._phase is None:  # a later request on a kept-alive connection
+            self._start(HEADER_TIMEOUT, self.guard.limits.header_timeout_s)
+
+    def on_headers_complete(self) -> None:
+        self.guard.busy(self)
+        self._start(BODY_TIMEOUT, self.guard.limits.body_timeout_s)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._stop()
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self.guard.idle(self)
+
+    def shutdown(self) -> None:
+        if not self._admitted:
+            self.transport.abort()
+            return
+        super().shutdown()
+
+    def timeout_keep_alive_handler(self) -> None:
+        if not self.transport.is_closing():
+            self.guard.closed[IDLE_TIMEOUT] += 1
+        super().timeout_keep_alive_handler()
+
+    # deadlines
+
+    def _start(self, phase: str, seconds: float) -> None:
+        self._stop()
+        self._phase = phase
+        self._header_bytes = 0
+        self._deadline = self.loop.call_later(seconds, self._expired)
+
+    def _stop(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = None
+        self._phase = None
+
+    def _expired(self) -> None:
+        phase, self._deadline, self._phase = self._phase, None, None
+        if phase == BODY_TIMEOUT:
+            answer = self.cycle is not None and not self.cycle.response_started
+            self._close(BODY_TIMEOUT, "408 Request Timeout" if answer else None)
+        elif phase is not None:
+            self._close(phase, None)
+
+    def _close(self, reason: str, status: str | None) -> None:
+        """Closes the connection for `reason`, answering `status` first if given."""
+        self._stop()
+        self.guard.closed[reason] += 1
+        self.guard.release(self)
+        if status is not None:
+            message = f"{status.partition(' ')[2].lower()} ({reason.replace('_', ' ')})"
+            body = _error_body(message, reason)
+            self.transport.write(_response(status, [("content-type", "application/json")], body))
+        if self._logs.due():
+            log.warning(
+                "closed a connection from %s: %s (since start: %s; refused %s)",
+                self.client[0] if self.client else "?",
+                reason.replace("_", " "),
+                dict(self.guard.closed),
+                dict(self.guard.refused),
+            )
+        self.transport.close()
+
+    # refusals
+
+    def _refuse(self, transport: asyncio.Transport, reason: str) -> None:
+        self.transport = transport
+        if self._logs.due():
+            log.warning(
+                "refusing connections (%s): %d open, cap %d, %d per client; refused since "
+                "start: %s",
+                reason,
+                self.guard.open,
+                self.guard.limits.max_connections,
+                self.guard.limits.max_connections_per_client,
+                dict(self.guard.refused),
+            )
+        if self.guard.refusing >= MAX_REFUSING:
+            transport.abort()
+            return
+        self.guard.refusing += 1
+        self._refusal_timer = self.loop.call_later(REFUSAL_WAIT_S, transport.abort)
+        self.connections.add(self)  # so that uvicorn's shutdown closes it too (`shutdown`)
+
+    def _refusal_received(self) -> None:
+        """A refused connection's request came: 503 with Retry-After, then the write side is
+        closed and what else it sends is read and dropped until it closes or the wait ends (so
+        the answer is not lost to a reset)."""
+        if self._answered or self.transport.is_closing():
+            return
+        self._answered = True
+        self.guard.answered_503 += 1
+        retry = str(self.guard.limits.retry_after_s)
+        body = _error_body("the gateway is at its connection limit; retry later", "overloaded")
+        headers = [("content-type", "application/json"), ("retry-after", retry)]
+        self.transport.write(_response("503 Service Unavailable", headers, body))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+
+
+def protocol_class(guard: ConnectionGuard[GuardedHttpProtocol]) -> type[GuardedHttpProtocol]:
+    """A GuardedHttpProtocol subclass bound to `guard`: uvicorn's `http` setting for one server."""
+
+    class BoundProtocol(GuardedHttpProtocol):
+        pass
+
+    BoundProtocol.guard = guard
+    BoundProtocol._logs = _LogLimiter()
+    return BoundProtocol
+
+
+class ConnectionMetrics(Collector):
+    """The guard's counts as Prometheus metrics, read at each scrape."""
+
+    def __init__(self, guard: ConnectionGuard[Any]) -> None:
+        self._guard = guard
+
+    def collect(self) -> Iterator[Metric]:
+        guard = self._guard
+        yield GaugeMetricFamily(
+            "tiermesh_gateway_open_connections", "HTTP connections open", value=guard.open
+        )
+        limits = GaugeMetricFamily(
+            "tiermesh_gateway_connection_limit",
+            "Connection caps: in all, and per client address",
+            labels=["scope"],
+        )
+        limits.add_metric(["all"], guard.limits.max_connections)
+        limits.add_metric(["per_client"], guard.limits.max_connections_per_client)
+        yield limits
+        refused = CounterMetricFamily(
+            "tiermesh_gateway_connections_refused",
+            "Connections refused as accepted, by the cap they met",
+            labels=["reason"],
+        )
+        for reason in REFUSALS:
+            refused.add_metric([reason], guard.refused[reason])
+        yield refused
+        yield CounterMetricFamily(
+            "tiermesh_gateway_refusal_responses",
+            "Refused connections whose request was answered 503 with Retry-After",
+            value=guard.answered_503,
+        )
+        closed = CounterMetricFamily(
+            "tiermesh_gateway_connections_closed",
+            "Connections the gateway closed: deadlines, idle keep-alive, room for a new one, "
+            "oversized headers",
+            labels=["reason"],
+        )
+        for reason in CLOSES:
+            closed.add_metric([reason], guard.closed[reason])
+        yield closed
