@@ -9,6 +9,11 @@ engines import nothing that reaches gRPC, and the client SDK nothing of the serv
 standard `OTEL_*` settings (OTEL_BSP_SCHEDULE_DELAY, OTEL_METRIC_EXPORT_INTERVAL, ...) apply as
 OpenTelemetry documents them: services/common/telemetry.py leaves them to the SDK, as grpcio
 reads GRPC_XDS_BOOTSTRAP(_CONFIG) itself for xds:/// targets.
+
+A variable whose name a config file gives is the operator's to name, so it is not listed here:
+a remote tier's API key is read from the variable its `remote_api_key_env` names
+(services.tier.remote_server, in the environment mapping services.tier.factory gives the
+openai engine).
 """
 
 from __future__ import annotations
