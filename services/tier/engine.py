@@ -137,7 +137,7 @@ class Engine(Protocol):
     at once; closing its iterator early (the client left) must abort the request's work.
     """
 
-    name: str  # "torch" or "tensorrt_llm"
+    name: str  # the engine: "torch", "openai", "tensorrt_llm" or "echo"
 
     async def start(self) -> None:
         """Loads the model. Raises on failure; the tier stays NOT_SERVING."""
