@@ -181,9 +181,22 @@ def cmd_route_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ci(row: dict[str, Any], field: str, percent: bool) -> str:
+    """A figure with its 95% interval: "6.1% [5.4-6.8]" or "0.985 [0.981-0.990]"."""
+    value, (low, high) = row[field], row.get(f"{field}_ci95", (row[field], row[field]))
+    if percent:
+        return f"{value:.1%} [{low * 100:.1f}-{high * 100:.1f}]"
+    return f"{value:.3f} [{low:.3f}-{high:.3f}]"
+
+
 def _print_table(report: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"routing on {report['requests']} requests (cost: relative price x tokens)")
-    for column in ("policy", "accuracy", "vs large", "cost vs large", "misroute", "p99 route ms"):
+    spread = report.get("bootstrap", {})
+    title = f"routing on {report['requests']} requests (cost: relative price x tokens)"
+    if spread:
+        title += f"; [95% bootstrap intervals, {spread['resamples']} resamples]"
+    table = Table(title=title)
+    columns = ("policy", "accuracy", "vs large", "cost vs large", "misroute", "small/big")
+    for column in (*columns, "p99 route ms"):
         table.add_column(column, justify="left" if column == "policy" else "right")
     table.add_column("share small/medium/large")
     table.add_column("accuracy seen/unseen")
@@ -192,12 +205,14 @@ def _print_table(report: dict[str, Any], console: Console) -> None:
         share = "/".join(f"{row['share'][t]:.0%}" for t in TIER_NAMES)
         parts = row.get("by_phrasing", {})
         apart = "/".join(f"{parts[p]['accuracy']:.3f}" if p in parts else "-" for p in PHRASINGS)
+        split = f"{row.get('misroute_too_small', 0):.1%}/{row.get('misroute_too_big', 0):.1%}"
         table.add_row(
             row["name"],
-            f"{row['accuracy']:.3f}",
-            f"{row['quality_vs_large']:.1%}",
-            f"{row['cost_vs_large']:.1%}",
-            f"{row['misroute_rate']:.1%}",
+            _ci(row, "accuracy", False),
+            _ci(row, "quality_vs_large", True),
+            _ci(row, "cost_vs_large", True),
+            _ci(row, "misroute_rate", True),
+            split,
             f"{row['p99_route_ms']:.3f}",
             share,
             apart,

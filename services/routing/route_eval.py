@@ -20,6 +20,7 @@ from services.router.adaptive_policy import AdaptivePolicy
 from services.router.complexity_model import ComplexityModel
 from services.router.policy import InterimHeuristicPolicy, RoutingInput, RoutingPolicy
 from services.router.static_policies import CostTargetPolicy, KeywordPolicy, ThresholdPolicy
+from services.routing.intervals import CONFIDENCE, RESAMPLES, PerRequest, Resampler
 from services.routing.outcomes import Outcome
 from services.routing.simulation import RoutingResult, evaluate_choices, oracle_choice
 
@@ -131,12 +132,28 @@ def route_eval(
         "adaptive": adaptive,
     }
     large = evaluate_choices(outcomes, ["large"] * len(outcomes), costs)
+    resampler = Resampler(outcomes, seed)
+    large_each = PerRequest.of(outcomes, ["large"] * len(outcomes), costs)
+
+    def with_intervals(row: dict[str, Any], choices: Sequence[str]) -> dict[str, Any]:
+        """The row with its confidence intervals, overall, per phrasing and per class."""
+        spread = resampler.report(PerRequest.of(outcomes, choices, costs), large_each)
+        row |= spread["overall"]
+        row["by_phrasing"] = {
+            phrasing: figures | spread["phrasing"][phrasing]
+            for phrasing, figures in by_group(outcomes, choices, costs, "phrasing").items()
+        }
+        row["by_class"] = {
+            name: figures | spread["class"][name]
+            for name, figures in by_group(outcomes, choices, costs, "request_class").items()
+        }
+        return row
+
     rows = []
     for name, policy in policies.items():
         choices, p99_ms = _route_all(policy, outcomes)
         result = evaluate_choices(outcomes, choices, costs)
-        rows.append(_row(name, result, large, costs, cost_weight, p99_ms))
-        rows[-1]["by_phrasing"] = by_phrasing(outcomes, choices, costs)
+        rows.append(with_intervals(_row(name, result, large, costs, cost_weight, p99_ms), choices))
     rng = random.Random(seed)
     reference_choices = {
         "always_small": ["small"] * len(outcomes),
@@ -145,8 +162,10 @@ def route_eval(
         "oracle": [oracle_choice(o) for o in outcomes],
     }
     references = {
-        name: _row(name, evaluate_choices(outcomes, choices, costs), large, costs, cost_weight, 0.0)
-        | {"by_phrasing": by_phrasing(outcomes, choices, costs)}
+        name: with_intervals(
+            _row(name, evaluate_choices(outcomes, choices, costs), large, costs, cost_weight, 0.0),
+            choices,
+        )
         for name, choices in reference_choices.items()
     }
     sweep = threshold_sweep(model, outcomes, costs, cost_weight)
@@ -157,6 +176,7 @@ def route_eval(
         static_dev = sweep[max(range(len(tuned)), key=lambda i: tuned[i]["reward"])]
     return {
         "requests": len(outcomes),
+        "bootstrap": {"resamples": RESAMPLES, "confidence": CONFIDENCE, "seed": seed},
         "costs": costs,
         "cost_weight": cost_weight,
         "policies": rows,
@@ -168,21 +188,33 @@ def route_eval(
     }
 
 
+def by_group(
+    outcomes: Sequence[Outcome], choices: Sequence[str], costs: dict[str, float], attribute: str
+) -> dict[str, dict[str, float]]:
+    """Requests, accuracy, cost and misroute rate of the same choices on each group of the
+    split apart: `attribute` "phrasing" (seen, unseen) or "request_class"."""
+    report = {}
+    for group in dict.fromkeys(getattr(o, attribute) for o in outcomes):
+        picked = [
+            (o, c) for o, c in zip(outcomes, choices, strict=True) if getattr(o, attribute) == group
+        ]
+        result = evaluate_choices([o for o, _ in picked], [c for _, c in picked], costs)
+        report[group] = {
+            "requests": len(picked),
+            "accuracy": round(result.accuracy, 4),
+            "cost": round(result.cost, 4),
+            "misroute_rate": round(result.misroute_rate, 4),
+        }
+    return report
+
+
 def by_phrasing(
     outcomes: Sequence[Outcome], choices: Sequence[str], costs: dict[str, float]
 ) -> dict[str, dict[str, float]]:
     """Requests, accuracy and cost of the same choices on seen and on unseen phrasings apart."""
-    report = {}
-    for phrasing in ("seen", "unseen"):
-        picked = [(o, c) for o, c in zip(outcomes, choices, strict=True) if o.phrasing == phrasing]
-        if picked:
-            result = evaluate_choices([o for o, _ in picked], [c for _, c in picked], costs)
-            report[phrasing] = {
-                "requests": len(picked),
-                "accuracy": round(result.accuracy, 4),
-                "cost": round(result.cost, 4),
-            }
-    return report
+    groups = by_group(outcomes, choices, costs, "phrasing")
+    keep = ("requests", "accuracy", "cost")
+    return {name: {k: figures[k] for k in keep} for name, figures in groups.items()}
 
 
 def _row(

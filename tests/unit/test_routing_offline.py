@@ -118,6 +118,17 @@ def test_route_eval_report_contract(trained) -> None:
         assert sum(row["share"].values()) == pytest.approx(1.0, abs=1e-3)
     oracle = report["references"]["oracle"]
     assert oracle["accuracy"] == 1.0 and oracle["misroute_rate"] == 0.0
+    assert report["bootstrap"] == {"resamples": 1000, "confidence": 0.95, "seed": 0}
+    for row in [*report["policies"], *report["references"].values()]:
+        for field in ("accuracy", "cost", "quality_vs_large", "cost_vs_large", "misroute_rate"):
+            low, high = row[f"{field}_ci95"]
+            assert low <= row[field] <= high, (row["name"], field)
+        assert row["misroute_too_small"] + row["misroute_too_big"] == pytest.approx(
+            row["misroute_rate"], abs=2e-4
+        )
+        for groups in (row["by_phrasing"], row["by_class"]):
+            assert all("misroute_rate_ci95" in figures for figures in groups.values())
+        assert set(row["by_class"]) == {o.request_class for o in dev}
     # without a tuning split the deployable static threshold is the hindsight one
     assert report["static_threshold_tuned_on_dev"] == report["best_static_threshold"]
     tuned = route_eval(dev, train, model, COSTS, feedback_steps=0, tuning=train)
