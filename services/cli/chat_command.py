@@ -1,4 +1,5 @@
-"""`tiermesh run` and `tiermesh chat`: the whole mesh on this machine, and one chat through it."""
+"""`tiermesh run` and `tiermesh chat`: the whole mesh on this machine, and one chat through it
+(with no PROMPT, a conversation: interactive_chat.py)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     from tiermesh.client import RouterClient, tls_credentials
 
+    from services.cli.interactive_chat import run_conversation
     from services.common.telemetry import setup_telemetry
     from services.terminal.chat_view import print_json_events, show_live
 
@@ -81,6 +83,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
             print("tiermesh chat: --cert and --key need --ca", file=sys.stderr)
             return 2
         with RouterClient(args.router, credentials=credentials, api_key=args.api_key) as client:
+            if args.prompt is None:
+                return run_conversation(client, options, json_lines=args.json)
             events = client.chat_stream(args.prompt, **options)
             if args.json:
                 return print_json_events(events, started)
@@ -162,8 +166,13 @@ def register_run(commands: Any) -> None:
 
 
 def register_chat(commands: Any) -> None:
-    chat = commands.add_parser("chat", help="one chat through the router")
-    chat.add_argument("prompt", help="the user's message")
+    chat = commands.add_parser("chat", help="one chat through the router, or a conversation")
+    chat.add_argument(
+        "prompt",
+        nargs="?",
+        help="the user's message; without it, a conversation: one question per line (from the "
+        "terminal or stdin), /help for its commands",
+    )
     chat.add_argument("--mode", choices=tuple(MODES), default="routed")
     chat.add_argument("--tier", choices=TIER_NAMES, help="the tier for --mode pinned")
     chat.add_argument("--json", action="store_true", help="one JSON object per event per line")

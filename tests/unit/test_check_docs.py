@@ -87,7 +87,7 @@ def test_commands_are_parsed_and_refusals_name_the_line(
         "tiermesh mesh k8s --secure | kubectl apply -f -\n"
         "```\n"
         "\n"
-        "Run `tiermesh run --base-port B` or `tiermesh top --once --json`; not `tiermesh chat`.\n"
+        "Run `tiermesh run --base-port B` or `tiermesh top --once`; not `tiermesh tier swap`.\n"
         "`tiermesh` alone is the program, `tiermesh.v1` a package.\n",
     )
     report = check_docs.check_commands(page, parser, tmp_path)
@@ -96,7 +96,7 @@ def test_commands_are_parsed_and_refusals_name_the_line(
     assert [line for line, _ in failures] == [5, 6, 12]
     assert failures[0][1].startswith("tiermesh: unrecognized arguments: --colour (in: ")
     assert "invalid choice: 'bnech'" in failures[1][1]
-    assert "the following arguments are required: prompt" in failures[2][1]
+    assert "the following arguments are required: TIER, DIR" in failures[2][1]
 
 
 def test_synopses_check_sub_commands_and_option_names(
