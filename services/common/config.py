@@ -20,6 +20,7 @@ from services.common.tiers import TIER_NAMES
 ENGINES = ("torch", "tensorrt_llm", "echo", "openai")
 POLICIES = ("interim_heuristic", "keyword", "threshold", "cost_target", "adaptive")
 GATES = ("always", "race", "cascade")
+OVERLOAD_MODES = ("step_down", "shed")
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,12 @@ class RouterConfig:
     # the draft is confident; "cascade" starts the refinement only when the draft is unsure.
     progressive_gate: str = "always"
     min_draft_confidence: float = 0.9  # geometric-mean token probability of a confident draft
+    # A routed chat whose tier cannot start it in time: "step_down" serves it from the next
+    # smaller tier able to (else a larger one), by priority; "shed" leaves it to the fallback
+    # chain and refuses it when every tier is full.
+    overload: str = "step_down"
+    # an interactive chat steps down when its tier expects to start it later than this
+    interactive_wait_budget_ms: float = 1000.0
 
     def validate(self) -> None:
         for tier, target in self.tiers.items():
@@ -197,6 +204,8 @@ class RouterConfig:
         _require(self.policy in POLICIES, "policy", f"must be one of {', '.join(POLICIES)}")
         _require(self.progressive_gate in GATES, "progressive_gate", f"one of {', '.join(GATES)}")
         _require(0.0 <= self.min_draft_confidence <= 1.0, "min_draft_confidence", "in [0, 1]")
+        _require(self.overload in OVERLOAD_MODES, "overload", f"one of {', '.join(OVERLOAD_MODES)}")
+        _require(self.interactive_wait_budget_ms > 0, "interactive_wait_budget_ms", "must be > 0")
         for name in ("fallback", "ttft_slo_ms", "tier_costs"):
             for tier in getattr(self, name):
                 _require(tier in TIER_NAMES, name, f"unknown tier {tier!r}")

@@ -175,6 +175,8 @@ class RevisionTracker:
                 "complexity": route.complexity,
                 "policy": route.policy,
                 "reason": route.reason,
+                "stepped_from": route.stepped_from,
+                "priority": route.priority,
             },
             "timings": final.timings,
             "usage": final.usage,

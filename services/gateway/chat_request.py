@@ -25,6 +25,13 @@ MODELS: dict[str, tuple[str, str]] = {
     f"{MODEL_PREFIX}progressive": ("progressive", ""),
     **{f"{MODEL_PREFIX}{tier}": ("pinned", tier) for tier in TIER_NAMES},
 }
+# OpenAI's service_tier -> (the router's priority, the tier echoed back as served)
+SERVICE_TIERS: dict[str, tuple[router_pb2.Priority, str]] = {
+    "auto": (router_pb2.PRIORITY_INTERACTIVE, "default"),
+    "default": (router_pb2.PRIORITY_INTERACTIVE, "default"),
+    "flex": (router_pb2.PRIORITY_BATCH, "flex"),
+    "priority": (router_pb2.PRIORITY_CRITICAL, "priority"),
+}
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_SEED = 2**64 - 1
 # fields accepted only at their neutral value: (name, neutral values)
@@ -53,6 +60,7 @@ class ChatCompletionRequest:
     user: str
     logprobs: bool = False  # each token's log-probability (and top_logprobs) in the choices
     n: int = 1  # choices: one router chat each
+    service_tier: str = "default"  # echoed in the response: default, flex or priority
 
     def choice_request(self, index: int) -> router_pb2.ChatRequest:
         """The router request of choice `index`: the request itself for the first; for the
@@ -92,11 +100,13 @@ def parse_chat_request(
             )
     stream = _bool(body, "stream")
     include_usage = _include_usage(body, stream)
+    priority, service_tier = _service_tier(body)
     request = router_pb2.ChatRequest(
         messages=_messages(body.get("messages")),
         mode=MODES[mode],  # type: ignore[arg-type]
         tier=tier,
         sampling=_sampling(body),
+        priority=priority,
     )
     max_tokens = _max_tokens(body)
     if max_tokens is not None:
@@ -122,7 +132,21 @@ def parse_chat_request(
         user or "",
         logprobs,
         _choices(body, max_choices),
+        service_tier,
     )
+
+
+def _service_tier(body: dict[str, Any]) -> tuple[router_pb2.Priority, str]:
+    """OpenAI's `service_tier`: "flex" runs as a batch chat, "priority" as a critical one,
+    "auto" and "default" (or none) as interactive; with the tier to echo."""
+    value = body.get("service_tier")
+    if value is None:
+        return SERVICE_TIERS["auto"]
+    if value not in SERVICE_TIERS:
+        raise bad_request(
+            "service_tier", f"must be one of {', '.join(SERVICE_TIERS)}, got {value!r}"
+        )
+    return SERVICE_TIERS[value]
 
 
 def _choices(body: dict[str, Any], max_choices: int) -> int:

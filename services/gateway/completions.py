@@ -46,7 +46,7 @@ async def complete(
         metrics.completion_tokens.labels(request.model).inc(
             usage(choice.final)["completion_tokens"]
         )
-    return completion(request.model, choices)
+    return completion(request.model, choices, request.service_tier)
 
 
 async def _answer(chat: RouterChat, request: ChatCompletionRequest) -> Choice:
@@ -102,7 +102,7 @@ async def stream(
     `[DONE]` (the last piece, and the only one ending with DONE), so a short answer costs few
     writes and wake-ups of the client. With several choices, their pieces go out as they come."""
     started = time.perf_counter()
-    writer = ChunkWriter(request.model)
+    writer = ChunkWriter(request.model, service_tier=request.service_tier)
     first_content = _FirstContent(metrics, request.model, started)
     relays = [
         _StreamRelay(request, metrics, writer.for_choice(i) if i else writer, first_content)

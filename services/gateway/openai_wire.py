@@ -72,10 +72,16 @@ class ChunkWriter:
     same id, model and created time; `for_choice` gives the writer of another choice)."""
 
     def __init__(
-        self, model: str, index: int = 0, id: str | None = None, created: int | None = None
+        self,
+        model: str,
+        index: int = 0,
+        id: str | None = None,
+        created: int | None = None,
+        service_tier: str = "default",
     ) -> None:
         self.id = id or completion_id()
         self.model = model
+        self.service_tier = service_tier
         self.created = created_now() if created is None else created
         self.index = index
         # a content chunk's event around its text, encoded once: the bytes sse(chunk(...)) gives
@@ -89,7 +95,7 @@ class ChunkWriter:
 
     def for_choice(self, index: int) -> ChunkWriter:
         """The writer of choice `index` of the same completion."""
-        return ChunkWriter(self.model, index, self.id, self.created)
+        return ChunkWriter(self.model, index, self.id, self.created, self.service_tier)
 
     def chunk(
         self,
@@ -106,6 +112,7 @@ class ChunkWriter:
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
+            "service_tier": self.service_tier,
             "choices": [
                 {
                     "index": self.index,
@@ -135,6 +142,7 @@ class ChunkWriter:
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
+            "service_tier": self.service_tier,
             "choices": [],
             "usage": total_usage(finals),
         }
@@ -160,7 +168,7 @@ def logprobs_field(entries: list[TokenLogprob]) -> dict[str, Any]:
     }
 
 
-def completion(model: str, choices: list[Choice]) -> dict[str, Any]:
+def completion(model: str, choices: list[Choice], service_tier: str = "default") -> dict[str, Any]:
     """The non-streamed `chat.completion` whose messages are the choices' answers. With the
     revisions opt-in, the top-level `tiermesh` object is the first choice's, and with more than
     one choice each also carries its own."""
@@ -169,6 +177,7 @@ def completion(model: str, choices: list[Choice]) -> dict[str, Any]:
         "object": "chat.completion",
         "created": created_now(),
         "model": model,
+        "service_tier": service_tier,
         "choices": [
             {
                 "index": index,

@@ -14,7 +14,8 @@ import uuid
 from dataclasses import dataclass
 from typing import cast
 
-from tiermesh.client.requests import MODE_NAMES
+from tiermesh.client.requests import MODE_NAMES, PRIORITY_NAMES
+from tiermesh.client.requests import PRIORITIES as PRIORITY_VALUES
 from tiermesh.v1 import common_pb2, router_pb2, tier_pb2
 
 from services.common.config import GATES, RouterConfig
@@ -34,11 +35,14 @@ from services.router.fallback import (
     fallback_chain,
     fallback_order,
 )
+from services.router.overload import INTERACTIVE, step_for_load
 from services.router.policy import Loads, RouteChoice, RoutingInput
 
 # request mode -> the mode the router runs: the client's named modes, unset meaning routed
 MODES: dict[int, router_pb2.Mode] = {router_pb2.MODE_UNSPECIFIED: router_pb2.MODE_ROUTED}
 MODES |= {mode: cast("router_pb2.Mode", mode) for mode in MODE_NAMES}
+# request priority -> the priority the router runs it at, unset meaning interactive
+PRIORITIES: dict[int, str] = {router_pb2.PRIORITY_UNSPECIFIED: INTERACTIVE} | PRIORITY_NAMES
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class ChatRequestFields:
     max_tokens_set: bool  # False: the default, lowered by each tier to what its context holds
     sampling: common_pb2.SamplingParams
     gate: str
+    priority: str  # "interactive", "batch" or "critical"
     tier: str  # PINNED: the tier asked for
     draft_tier: str  # PROGRESSIVE: the tiers asked for (defaults filled in)
     refine_tier: str
@@ -79,6 +84,9 @@ def check_chat_request(request: router_pb2.ChatRequest, config: RouterConfig) ->
     gate = request.progressive_gate or config.progressive_gate
     if gate not in GATES:
         raise InvalidArgument(f"progressive_gate: {gate!r} is not one of {', '.join(GATES)}")
+    if request.priority not in PRIORITIES:
+        names = ", ".join(router_pb2.Priority.Name(p) for p in PRIORITIES)
+        raise InvalidArgument(f"priority: unknown priority {request.priority} (expected {names})")
     return ChatRequestFields(
         request_id=request.request_id or uuid.uuid4().hex,
         mode=MODES[request.mode],
@@ -87,6 +95,7 @@ def check_chat_request(request: router_pb2.ChatRequest, config: RouterConfig) ->
         max_tokens_set=request.HasField("max_tokens"),
         sampling=request.sampling,
         gate=gate,
+        priority=PRIORITIES[request.priority],
         tier=request.tier,
         draft_tier=request.draft_tier or config.draft_tier,
         refine_tier=request.refine_tier or config.refine_tier,
@@ -100,12 +109,18 @@ def plan_chat(
     down: Down,
     choice: RouteChoice | None = None,
     loading: Loading | None = None,
+    time_remaining_s: float | None = None,
 ) -> ChatPlan:
     """The complete plan of a checked chat. `choice` is the routing policy's for this chat:
     required for ROUTED (it picks the tier); for PINNED and PROGRESSIVE, whose tiers do not
     depend on it, it may be None (RouteDecision.complexity 0: the caller reports it later).
     Given `loading`, a chat no tier can take yet while one is loading raises TiersLoading (the
-    caller may wait and plan again); without, it goes to its tier all the same."""
+    caller may wait and plan again); without, it goes to its tier all the same. A ROUTED chat
+    whose tier cannot start it in time steps down by its priority (overload.py); its budget is
+    what is left of its deadline (`time_remaining_s`), and at most the config's interactive
+    budget for an interactive chat."""
+    note = ""
+    stepped_from = ""
     if chat.mode == router_pb2.MODE_PINNED:
         tiers, fallbacks, policy, reason = _pinned(chat, config, loads, down, loading)
     elif chat.mode == router_pb2.MODE_PROGRESSIVE:
@@ -113,9 +128,16 @@ def plan_chat(
     else:
         if choice is None:
             raise ValueError("a ROUTED chat is planned with the policy's choice")
-        tier, note, fallbacks = choose_with_fallback(choice.tier, loads, config, down, loading)
+        budget_ms = _budget_ms(chat.priority, config, time_remaining_s)
+        step = step_for_load(choice.tier, loads, config, down, chat.priority, budget_ms)
+        if step is not None:
+            tier, note, stepped_from = step.tier, step.reason, step.stepped_from
+            fallbacks = fallback_order(tier, loads, config, down)
+            why = f"; {step.reason} → fallback {tier}"
+        else:
+            tier, why, fallbacks = choose_with_fallback(choice.tier, loads, config, down, loading)
         tiers = (_configured(tier, "tier", config),)
-        policy, reason = choice.policy, choice.reason + note
+        policy, reason = choice.policy, choice.reason + why
     routed = chat.mode == router_pb2.MODE_ROUTED
     generate = tier_pb2.GenerateRequest(
         max_tokens=chat.max_tokens,
@@ -130,6 +152,8 @@ def plan_chat(
         complexity=choice.complexity if choice is not None else 0.0,
         policy=policy,
         reason=reason,
+        stepped_from=stepped_from,
+        priority=cast("router_pb2.Priority", PRIORITY_VALUES[chat.priority]),
     )
     return ChatPlan(
         chat.request_id,
@@ -144,7 +168,18 @@ def plan_chat(
         gate=chat.gate,
         min_confidence=config.min_draft_confidence,
         choice=choice,
+        note=note,
     )
+
+
+def _budget_ms(priority: str, config: RouterConfig, time_remaining_s: float | None) -> float | None:
+    """How long a chat may wait for its tier to start it: what its deadline leaves, and for an
+    interactive chat at most the configured budget."""
+    budget = None if time_remaining_s is None else time_remaining_s * 1000
+    if priority == INTERACTIVE:
+        limit = config.interactive_wait_budget_ms
+        budget = limit if budget is None else min(budget, limit)
+    return budget
 
 
 Tiers = tuple[tuple[str, ...], tuple[str, ...], str, str]  # tiers, fallbacks, policy, reason

@@ -23,7 +23,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.metrics import Counter, Histogram
 from opentelemetry.trace import SpanKind
-from tiermesh.client.requests import MODE_NAMES
+from tiermesh.client.requests import MODE_NAMES, PRIORITY_NAMES
 from tiermesh.v1 import router_pb2
 
 from services.common.genai_conventions import (
@@ -75,6 +75,11 @@ class RouterMetrics:
         )
         self.revisions: Histogram = m.create_histogram(
             "tiermesh.chat.revisions", unit="{revision}", description="Revisions per chat"
+        )
+        self.step_downs: Counter = m.create_counter(
+            "tiermesh.route.step_downs",
+            description="Routed chats moved off their tier by overload, by from/to tier and "
+            "priority",
         )
         self.refinements: Counter = m.create_counter(
             "tiermesh.chat.refinements",
@@ -217,6 +222,7 @@ class ChatTelemetry:
         self.mode = MODE_NAMES.get(decision.mode, "routed")
         # ROUTED and PINNED: the one tier; PROGRESSIVE: the refine tier (the draft's is its call's)
         self.request_model = decision.tiers[-1] if decision.tiers else ""
+        priority = PRIORITY_NAMES.get(decision.priority, "interactive")
         if self._metered:
             router_metrics().route_decisions.add(
                 1,
@@ -226,6 +232,15 @@ class ChatTelemetry:
                     "tiermesh.mode": self.mode,
                 },
             )
+            if decision.stepped_from:
+                router_metrics().step_downs.add(
+                    1,
+                    {
+                        "tiermesh.from": decision.stepped_from,
+                        "tiermesh.to": self.request_model,
+                        "tiermesh.priority": priority,
+                    },
+                )
         if self.span is None:
             return
         attributes: dict[str, Any] = {
@@ -235,8 +250,11 @@ class ChatTelemetry:
             "tiermesh.policy": decision.policy,
             "tiermesh.reason": decision.reason,
             "tiermesh.complexity": decision.complexity,
+            "tiermesh.priority": priority,
             "gen_ai.request.max_tokens": max_tokens,
         }
+        if decision.stepped_from:
+            attributes["tiermesh.stepped_from"] = decision.stepped_from
         if self.request_model:
             attributes["gen_ai.request.model"] = self.request_model
         self.span.set_attributes(attributes)

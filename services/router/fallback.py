@@ -53,6 +53,12 @@ def refusal(tier: str, load: TierLoad | None, config: RouterConfig, down: Down) 
         return f"{tier} load unknown"
     if not load.serving:
         return f"{tier} not serving"
+    return load_refusal(tier, load, config)
+
+
+def load_refusal(tier: str, load: TierLoad, config: RouterConfig) -> str | None:
+    """Why `tier`, up and serving with this load, should not take one more request now (it is
+    full, refusing, or past its TTFT SLO), or None if it can."""
     if load.refusing:
         return f"{tier} refused a call at {load.running} running, {load.queued} queued"
     if load.wait_too_long:

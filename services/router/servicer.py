@@ -33,6 +33,7 @@ from services.router.chat_session import ChatSession
 from services.router.chat_telemetry import NO_TELEMETRY, chat_telemetry
 from services.router.fallback import TiersLoading
 from services.router.learning import AnswersAgree, RoutingLessons
+from services.router.overload import priority_allowed
 from services.router.policy import Loads, RouteChoice, RoutingInput, RoutingPolicy
 from services.router.tier_calls import TierClient
 from services.router.tier_health import TierHealth
@@ -69,6 +70,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         request: router_pb2.ChatRequest | Undecodable,
         route_now: bool = True,
         wait_for_loading: bool = False,
+        time_remaining_s: float | None = None,
     ) -> ChatPlan:
         """Checks the request and plans it (chat_planning.py); raises InvalidArgument or
         TiersFull, and with `wait_for_loading` TiersLoading. With `route_now` False, a mode whose
@@ -76,11 +78,19 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         if isinstance(request, Undecodable):
             raise InvalidArgument(request.message)
         chat = check_chat_request(request, self._config)
+        key = current_api_key()
+        ceiling = key.max_priority if key is not None else None
+        if not priority_allowed(chat.priority, ceiling):
+            raise PermissionDenied(
+                f"priority: this API key may ask for {ceiling} at most, not {chat.priority}"
+            )
         choice = None
         if route_now or chat.mode == router_pb2.MODE_ROUTED:
             choice = self._policy.route(chat.routing_input, self._loads)
         loading = self._health.loading if wait_for_loading else None
-        return plan_chat(chat, self._config, self._loads, self._down, choice, loading)
+        return plan_chat(
+            chat, self._config, self._loads, self._down, choice, loading, time_remaining_s
+        )
 
     async def _plan_when_serving(
         self, request: router_pb2.ChatRequest | Undecodable, time_remaining_s: float | None
@@ -88,14 +98,17 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         """The chat's plan; while no tier can take it yet because tiers are loading, planned
         again each time one starts serving, for up to loading_wait_s within the deadline (then
         it goes to its tier all the same)."""
+        start = time.monotonic()
+        deadline = None if time_remaining_s is None else start + time_remaining_s
         wait_s = self._config.loading_wait_s
         if time_remaining_s is not None:
             wait_s = min(wait_s, time_remaining_s - LOADING_MARGIN_S)
-        until = time.monotonic() + wait_s
         while True:
-            left = until - time.monotonic()
+            now = time.monotonic()
+            left = start + wait_s - now
+            remaining = None if deadline is None else deadline - now
             try:
-                return self.plan(request, route_now=False, wait_for_loading=left > 0)
+                return self.plan(request, False, left > 0, remaining)
             except TiersLoading:
                 await self._health.changed(left)
 

@@ -344,6 +344,8 @@ class SessionCore:
             reason = "; ".join([*s.notes, answered])
         else:
             reason = self._race_reason or answered
+        if self.plan.note:  # what overload did to the route
+            reason = f"{self.plan.note}; {reason}"
         return self._final(s.call, s.revision, reason, None, now)
 
     def _draft_over(self, draft: RevisionStream, now: float) -> list[Action]:

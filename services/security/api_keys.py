@@ -39,6 +39,8 @@ class ApiKey:
     tpm: int | None = None  # tokens per minute (prompt + completion); None = unlimited
     created: str = ""
     revoked: str | None = None
+    # the highest chat priority it may ask for: "batch", "interactive" or "critical"; None = any
+    max_priority: str | None = None
 
 
 def _now() -> str:
@@ -70,8 +72,16 @@ def _save(path: Path, keys: list[ApiKey]) -> None:
     os.replace(tmp, path)
 
 
+PRIORITY_CEILINGS = ("batch", "interactive", "critical")
+
+
 def create_key(
-    path: Path, name: str, scopes: tuple[str, ...], rpm: int | None = None, tpm: int | None = None
+    path: Path,
+    name: str,
+    scopes: tuple[str, ...],
+    rpm: int | None = None,
+    tpm: int | None = None,
+    max_priority: str | None = None,
 ) -> tuple[ApiKey, str]:
     """Adds a key to the file; returns its record and the key itself, shown once."""
     unknown = [s for s in scopes if s not in SCOPES]
@@ -79,6 +89,8 @@ def create_key(
         raise ConfigError(
             f"--scopes: {', '.join(unknown) or 'none given'}; use {', '.join(SCOPES)}"
         )
+    if max_priority is not None and max_priority not in PRIORITY_CEILINGS:
+        raise ConfigError(f"--max-priority: {max_priority!r}; use {', '.join(PRIORITY_CEILINGS)}")
     for limit, value in (("--rpm", rpm), ("--tpm", tpm)):
         if value is not None and value < 1:
             raise ConfigError(f"{limit}: must be at least 1, got {value}")
@@ -86,7 +98,9 @@ def create_key(
     if any(k.name == name and k.revoked is None for k in keys):
         raise ConfigError(f"--name: a key named {name!r} exists already (revoke it first)")
     key_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
-    record = ApiKey(key_id, name, _digest(secret), tuple(scopes), rpm, tpm, _now())
+    record = ApiKey(
+        key_id, name, _digest(secret), tuple(scopes), rpm, tpm, _now(), max_priority=max_priority
+    )
     _save(path, [*keys, record])
     return record, f"{PREFIX}{key_id}_{secret}"
 

@@ -58,7 +58,9 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
 
     scopes = tuple(s.strip() for s in args.scopes.split(",") if s.strip())
     try:
-        record, key = create_key(args.file, args.name, scopes, args.rpm, args.tpm)
+        record, key = create_key(
+            args.file, args.name, scopes, args.rpm, args.tpm, args.max_priority
+        )
     except ConfigError as e:
         return _fail("keys create", e)
     if args.json:
@@ -129,6 +131,11 @@ def register(commands: Any) -> None:
     create.add_argument("--scopes", default="chat", help="comma list of chat, feedback, admin")
     create.add_argument("--rpm", type=int, help="requests per minute (default: unlimited)")
     create.add_argument("--tpm", type=int, help="tokens per minute (default: unlimited)")
+    create.add_argument(
+        "--max-priority",
+        choices=("batch", "interactive", "critical"),
+        help="the highest chat priority the key may ask for (default: any)",
+    )
     create.add_argument("--json", action="store_true", help='print {"id", "name", "key"}')
     create.add_argument("--file", type=Path, default=default_keys_file(), help=file_help)
     create.set_defaults(func=cmd_keys_create)

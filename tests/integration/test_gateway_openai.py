@@ -144,6 +144,37 @@ def test_bad_request_is_a_400_naming_the_field(
     assert param in error["message"]
 
 
+@pytest.mark.parametrize(
+    ("service_tier", "echoed", "priority"),
+    [
+        (None, "default", "interactive"),
+        ("flex", "flex", "batch"),
+        ("priority", "priority", "critical"),
+    ],
+)
+def test_service_tier_sets_the_priority_and_is_echoed(
+    gateway: GatewayMesh, service_tier: str | None, echoed: str, priority: str
+) -> None:
+    options: dict[str, object] = {"extra_body": {"tiermesh": {"revisions": True}}}
+    if service_tier is not None:
+        options["service_tier"] = service_tier
+    answer = client(gateway).chat.completions.create(
+        model="tiermesh-small", messages=PROMPT, max_tokens=4, **options
+    )
+    _, chunks = streamed_text(gateway, "tiermesh-small", max_tokens=4, **options)
+    assert answer.service_tier == echoed
+    assert {c.service_tier for c in chunks} == {echoed}
+    assert (answer.model_extra or {})["tiermesh"]["route"]["priority"] == priority
+
+
+def test_an_unknown_service_tier_is_a_400_naming_it(gateway: GatewayMesh) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(gateway).chat.completions.create(
+            model="tiermesh-small", messages=PROMPT, extra_body={"service_tier": "gold"}
+        )
+    assert refused.value.body["param"] == "service_tier"  # type: ignore[index]
+
+
 def test_unknown_model_is_404(gateway: GatewayMesh) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
         client(gateway).chat.completions.create(model="gpt-4o", messages=PROMPT)

@@ -99,6 +99,21 @@ async def test_a_key_without_the_chat_scope_is_denied(mesh: SecureMesh) -> None:
     assert "lacks the 'chat' scope" in refused.value.message
 
 
+async def test_a_key_may_ask_for_its_highest_priority_and_no_higher(mesh: SecureMesh) -> None:
+    _, capped = create_key(mesh.keys, "capped", ("chat",), max_priority="interactive")
+    await asyncio.sleep(1.1)  # the router re-reads the key file at most once a second
+    options = {"mode": "pinned", "tier": "small", "max_tokens": 4, "timeout": 30}
+    async with mesh.client(capped) as client:
+        answered = await client.chat("Hi", priority="interactive", **options)
+        with pytest.raises(ChatError) as refused:
+            await client.chat("Hi", priority="critical", **options)
+    assert answered.events[0].priority == "interactive"  # type: ignore[union-attr]
+    assert refused.value.code == "PERMISSION_DENIED"
+    assert refused.value.message == (
+        "priority: this API key may ask for interactive at most, not critical"
+    )
+
+
 async def test_a_revoked_key_stops_within_the_watch_interval(mesh: SecureMesh) -> None:
     assert await _chat(mesh.client(mesh.key)) == "small"
     revoke_key(mesh.keys, "app")

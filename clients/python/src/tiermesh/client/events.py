@@ -15,7 +15,7 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.json_format import MessageToDict
 from tiermesh.client.errors import ChatError
-from tiermesh.client.requests import MODE_NAMES
+from tiermesh.client.requests import MODE_NAMES, PRIORITY_NAMES
 from tiermesh.v1 import common_pb2, router_pb2
 
 
@@ -29,6 +29,8 @@ class RouteEvent:
     complexity: float
     policy: str
     reason: str
+    stepped_from: str = ""  # the tier overload moved the chat off ("" when it did not)
+    priority: str = "interactive"  # the priority it runs at: interactive, batch or critical
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,17 @@ def event_from_proto(event: router_pb2.ChatEvent) -> Event:
     if kind == "route":
         r = event.route
         mode = MODE_NAMES.get(r.mode, "routed")
-        return RouteEvent(r.request_id, mode, tuple(r.tiers), r.complexity, r.policy, r.reason)
+        priority = PRIORITY_NAMES.get(r.priority, "interactive")
+        return RouteEvent(
+            r.request_id,
+            mode,
+            tuple(r.tiers),
+            r.complexity,
+            r.policy,
+            r.reason,
+            r.stepped_from,
+            priority,
+        )
     if kind == "revision_start":
         s = event.revision_start
         replaces = s.replaces if s.HasField("replaces") else None

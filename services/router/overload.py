@@ -1,0 +1,85 @@
+"""Under overload, step down instead of shedding: a routed chat whose chosen tier is up but
+cannot start it within its budget (full, refusing, past its TTFT SLO, or expecting a wait for a
+slot longer than the chat's budget) goes to the next smaller tier that can, else the next larger
+one. The chat's priority decides who moves: interactive chats step down; batch chats keep their
+tier (queued there) and are refused first when it is full; critical chats keep their tier.
+
+Pure decision logic over TierLoad snapshots and a `down` question; knows nothing of gRPC. A tier
+that is down is not this module's business: the fallback chain (fallback.py) handles it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.config import RouterConfig
+from services.common.tiers import TIER_NAMES
+from services.router.fallback import MIN_RETRY_S, Down, TiersFull, load_refusal
+from services.router.policy import Loads, TierLoad
+
+INTERACTIVE, BATCH, CRITICAL = "interactive", "batch", "critical"
+PRIORITIES = (BATCH, INTERACTIVE, CRITICAL)  # lowest first: a key's ceiling allows those below
+
+
+@dataclass(frozen=True)
+class Step:
+    """The chat moves from `stepped_from` (the policy's choice) to `tier`, for `reason`."""
+
+    tier: str
+    stepped_from: str
+    reason: str  # "stepped down from large: large full (8 running, 16 queued)"
+
+
+def late(tier: str, load: TierLoad, config: RouterConfig, budget_ms: float | None) -> str | None:
+    """Why `tier` (up, with this load) would not start one more chat within `budget_ms` (None:
+    no budget), or None if it would."""
+    why = load_refusal(tier, load, config)
+    if why is not None:
+        return why
+    if budget_ms is not None and load.queued > 0 and load.expected_wait_ms > budget_ms:
+        return (
+            f"{tier} expected wait {load.expected_wait_ms:.0f} ms over the chat's "
+            f"{budget_ms:.0f} ms budget"
+        )
+    return None
+
+
+def step_for_load(
+    chosen: str,
+    loads: Loads,
+    config: RouterConfig,
+    down: Down,
+    priority: str,
+    budget_ms: float | None,
+) -> Step | None:
+    """Where a routed chat the policy sent to `chosen` goes when `chosen` cannot start it in
+    time; None when it stays (it can, it is down, overload is "shed", the priority keeps its
+    tier, or no other tier can either). Raises TiersFull for a batch chat whose tier is full."""
+    if config.overload != "step_down" or priority == CRITICAL or down(chosen) is not None:
+        return None
+    load = loads.get(chosen)
+    if load is None or not load.serving:
+        return None
+    why = late(chosen, load, config, budget_ms)
+    if why is None:
+        return None
+    if priority == BATCH:  # queued on its own tier; refused first once that is full
+        if load.queue_full:
+            retry_s = max(MIN_RETRY_S, load.ttft_ms_p50 / 1000)
+            raise TiersFull(f"batch chat refused: {why}", retry_after_s=retry_s)
+        return None
+    rank = TIER_NAMES.index(chosen)
+    smaller = [t for t in reversed(TIER_NAMES[:rank]) if t in config.tiers]
+    larger = [t for t in TIER_NAMES[rank + 1 :] if t in config.tiers]
+    for tier in (*smaller, *larger):
+        other = loads.get(tier)
+        able = down(tier) is None and other is not None and other.serving
+        if able and other is not None and late(tier, other, config, budget_ms) is None:
+            direction = "down" if tier in smaller else "up"
+            return Step(tier, chosen, f"stepped {direction} from {chosen}: {why}")
+    return None
+
+
+def priority_allowed(priority: str, ceiling: str | None) -> bool:
+    """Whether a caller whose ceiling is `ceiling` (None: any) may ask for `priority`."""
+    return ceiling is None or PRIORITIES.index(priority) <= PRIORITIES.index(ceiling)

@@ -1,0 +1,175 @@
+"""Overload step-down (services/router/overload.py) as a table of scenarios: which tier a routed
+chat goes to when the one its policy chose cannot start it in time, by priority; plain loads,
+no servers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from services.common.config import RouterConfig
+from services.router.fallback import TiersFull
+from services.router.overload import Step, priority_allowed, step_for_load
+from services.router.policy import TierLoad
+
+CONFIG = RouterConfig()
+SHED = replace(CONFIG, overload="shed")
+IDLE = TierLoad(True, 0, 0, 4, 8, 10.0, 20.0)
+FULL = TierLoad(True, 4, 8, 4, 8, 900.0, 1500.0, expected_wait_ms=2500.0, max_wait_ms=5000.0)
+SLOW = TierLoad(True, 4, 3, 4, 8, 900.0, 1500.0, expected_wait_ms=2500.0, max_wait_ms=5000.0)
+REFUSING = replace(IDLE, running=4, refusing=True)
+LOADS = {
+    "large full": {"small": IDLE, "medium": IDLE, "large": FULL},
+    "large and medium full": {"small": IDLE, "medium": FULL, "large": FULL},
+    "large slow": {"small": IDLE, "medium": IDLE, "large": SLOW},
+    "small full": {"small": FULL, "medium": IDLE, "large": IDLE},
+    "small refusing": {"small": REFUSING, "medium": IDLE, "large": IDLE},
+    "all full": {"small": FULL, "medium": FULL, "large": FULL},
+    "large idle": {"small": IDLE, "medium": IDLE, "large": IDLE},
+    "medium unknown": {"small": IDLE, "medium": None, "large": FULL},
+}
+LARGE_FULL = "large full (4 running, 8 queued)"
+LARGE_SLOW = "large expected wait 2500 ms over the chat's 1000 ms budget"
+
+SCENARIOS = [
+    # (name, config, chosen, loads, down, priority, budget_ms, expected)
+    ("idle: stays", CONFIG, "large", "large idle", (), "interactive", 1000, None),
+    (
+        "full: steps down one",
+        CONFIG,
+        "large",
+        "large full",
+        (),
+        "interactive",
+        1000,
+        Step("medium", "large", f"stepped down from large: {LARGE_FULL}"),
+    ),
+    (
+        "two full: steps down two",
+        CONFIG,
+        "large",
+        "large and medium full",
+        (),
+        "interactive",
+        1000,
+        Step("small", "large", f"stepped down from large: {LARGE_FULL}"),
+    ),
+    (
+        "slow past the budget: steps down",
+        CONFIG,
+        "large",
+        "large slow",
+        (),
+        "interactive",
+        1000,
+        Step("medium", "large", f"stepped down from large: {LARGE_SLOW}"),
+    ),
+    ("slow within the budget: stays", CONFIG, "large", "large slow", (), "interactive", 5000, None),
+    (
+        "smallest full: steps up",
+        CONFIG,
+        "small",
+        "small full",
+        (),
+        "interactive",
+        1000,
+        Step("medium", "small", "stepped up from small: small full (4 running, 8 queued)"),
+    ),
+    (
+        "refusing: steps up",
+        CONFIG,
+        "small",
+        "small refusing",
+        (),
+        "interactive",
+        1000,
+        Step(
+            "medium", "small", "stepped up from small: small refused a call at 4 running, 0 queued"
+        ),
+    ),
+    (
+        "a step skips a tier of unknown load",
+        CONFIG,
+        "large",
+        "medium unknown",
+        (),
+        "interactive",
+        1000,
+        Step("small", "large", f"stepped down from large: {LARGE_FULL}"),
+    ),
+    (
+        "a step skips a tier that is down",
+        CONFIG,
+        "large",
+        "large full",
+        ("medium",),
+        "interactive",
+        1000,
+        Step("small", "large", f"stepped down from large: {LARGE_FULL}"),
+    ),
+    (
+        "every tier full: stays (the fallback chain refuses)",
+        CONFIG,
+        "large",
+        "all full",
+        (),
+        "interactive",
+        1000,
+        None,
+    ),
+    (
+        "chosen tier down: the fallback chain decides",
+        CONFIG,
+        "large",
+        "large idle",
+        ("large",),
+        "interactive",
+        1000,
+        None,
+    ),
+    ("critical keeps its tier", CONFIG, "large", "large full", (), "critical", 1000, None),
+    ("batch keeps a slow tier (queued)", CONFIG, "large", "large slow", (), "batch", None, None),
+    ("shed: no step", SHED, "large", "large full", (), "interactive", 1000, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("config", "chosen", "loads", "down", "priority", "budget_ms", "expected"),
+    [scenario[1:] for scenario in SCENARIOS],
+    ids=[scenario[0] for scenario in SCENARIOS],
+)
+def test_step_for_load(
+    config: RouterConfig,
+    chosen: str,
+    loads: str,
+    down: tuple[str, ...],
+    priority: str,
+    budget_ms: float | None,
+    expected: Step | None,
+) -> None:
+    def is_down(tier: str) -> str | None:
+        return f"{tier} health NOT_SERVING" if tier in down else None
+
+    assert step_for_load(chosen, LOADS[loads], config, is_down, priority, budget_ms) == expected
+
+
+def test_a_batch_chat_whose_tier_is_full_is_refused_at_once() -> None:
+    with pytest.raises(TiersFull, match=r"batch chat refused: large full") as refused:
+        step_for_load("large", LOADS["large full"], CONFIG, lambda t: None, "batch", None)
+    assert refused.value.retry_after_s == pytest.approx(0.9)  # the tier's TTFT p50 under load
+
+
+@pytest.mark.parametrize(
+    ("priority", "ceiling", "allowed"),
+    [
+        ("critical", None, True),
+        ("critical", "interactive", False),
+        ("interactive", "interactive", True),
+        ("batch", "interactive", True),
+        ("interactive", "batch", False),
+        ("batch", "batch", True),
+    ],
+)
+def test_a_keys_priority_ceiling(priority: str, ceiling: str | None, allowed: bool) -> None:
+    assert priority_allowed(priority, ceiling) is allowed
