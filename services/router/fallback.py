@@ -19,8 +19,8 @@ from services.router.policy import Loads, TierLoad
 Down = Callable[[str], "str | None"]  # why a tier cannot take a call now; None if it can
 
 
-# The shortest retry delay a refusal for full tiers gives; a tier's recent TTFT under load is
-# mostly its queue's wait, so the delay is the shortest such TTFT among the full tiers.
+# The shortest retry delay a refusal for full tiers gives; the delay is the soonest any of them
+# expects a slot to free (retry_wait_s).
 MIN_RETRY_S = 0.05
 
 
@@ -74,6 +74,14 @@ def load_refusal(tier: str, load: TierLoad, config: RouterConfig) -> str | None:
     return None
 
 
+def retry_wait_s(load: TierLoad) -> float:
+    """When a full tier should have room: its own expected wait for a slot (measured from how
+    fast its slots change hands), else its recent TTFT p50 (mostly queue wait under load)."""
+    if load.expected_wait_ms > 0:
+        return load.expected_wait_ms / 1000
+    return load.ttft_ms_p50 / 1000
+
+
 def fallback_chain(tier: str, config: RouterConfig) -> tuple[str, ...]:
     """The configured tiers after `tier` in the fallback order, each once."""
     chain: list[str] = []
@@ -121,7 +129,7 @@ def choose_with_fallback(
     else:
         full = [loads.get(t) for t in candidates if down(t) is None]
         if all(load is not None and load.queue_full for load in full) and full:
-            wait_s = min(load.ttft_ms_p50 / 1000 for load in full if load is not None)
+            wait_s = min(retry_wait_s(load) for load in full if load is not None)
             raise TiersFull(
                 f"every tier full: {'; '.join(notes)}", retry_after_s=max(MIN_RETRY_S, wait_s)
             )

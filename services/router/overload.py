@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from services.common.config import RouterConfig
 from services.common.tiers import TIER_NAMES
-from services.router.fallback import MIN_RETRY_S, Down, TiersFull, load_refusal
+from services.router.fallback import MIN_RETRY_S, Down, TiersFull, load_refusal, retry_wait_s
 from services.router.policy import Loads, TierLoad
 
 INTERACTIVE, BATCH, CRITICAL = "interactive", "batch", "critical"
@@ -65,7 +65,7 @@ def step_for_load(
         return None
     if priority == BATCH:  # queued on its own tier; refused first once that is full
         if load.queue_full:
-            retry_s = max(MIN_RETRY_S, load.ttft_ms_p50 / 1000)
+            retry_s = max(MIN_RETRY_S, retry_wait_s(load))
             raise TiersFull(f"batch chat refused: {why}", retry_after_s=retry_s)
         return None
     rank = TIER_NAMES.index(chosen)

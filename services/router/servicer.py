@@ -24,13 +24,14 @@ from services.common.answers import answers_agree
 from services.common.config import RouterConfig
 from services.common.errors import InvalidArgument, PermissionDenied, TiermeshError
 from services.common.grpc_service import Undecodable
-from services.common.status_details import OVERLOAD_RETRY_S, abort_error, abort_with_details
+from services.common.status_details import abort_error, abort_with_details
 from services.router.chat_events import ChatObserver
 from services.router.chat_outcomes import UpstreamFailed
 from services.router.chat_plan import ChatPlan, SessionClock
 from services.router.chat_planning import check_chat_request, plan_chat
 from services.router.chat_session import ChatSession
 from services.router.chat_telemetry import NO_TELEMETRY, chat_telemetry
+from services.router.drain_rate import DrainRate
 from services.router.fallback import TiersLoading
 from services.router.learning import AnswersAgree, RoutingLessons
 from services.router.overload import priority_allowed
@@ -64,6 +65,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self._down = self._health.down
         self._lessons = RoutingLessons(policy, answers_agree)
         self.inflight = 0
+        self._drain = DrainRate()  # how fast chats in flight finish: a refusal's retry delay
 
     def plan(
         self,
@@ -139,7 +141,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 message,
                 reason="ROUTER_AT_CAPACITY",
-                retry_after_s=OVERLOAD_RETRY_S,
+                retry_after_s=self._drain.retry_after_s(),
             )
         self.inflight += 1
         unrouted: ChatPlan | None = None  # planned, RouteDecision not sent yet
@@ -190,6 +192,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             raise
         finally:
             self.inflight -= 1
+            self._drain.finished()
             if unrouted is not None:  # stopped before RouteDecision: the plan as it is
                 telemetry.route(unrouted.decision, unrouted.generate.max_tokens, start_ns)
             telemetry.finish(code, message)

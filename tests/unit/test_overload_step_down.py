@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from services.common.config import RouterConfig
+from services.router.drain_rate import DrainRate
 from services.router.fallback import TiersFull
 from services.router.overload import Step, priority_allowed, step_for_load
 from services.router.policy import TierLoad
@@ -157,7 +158,7 @@ def test_step_for_load(
 def test_a_batch_chat_whose_tier_is_full_is_refused_at_once() -> None:
     with pytest.raises(TiersFull, match=r"batch chat refused: large full") as refused:
         step_for_load("large", LOADS["large full"], CONFIG, lambda t: None, "batch", None)
-    assert refused.value.retry_after_s == pytest.approx(0.9)  # the tier's TTFT p50 under load
+    assert refused.value.retry_after_s == pytest.approx(2.5)  # the tier's expected wait
 
 
 @pytest.mark.parametrize(
@@ -173,3 +174,19 @@ def test_a_batch_chat_whose_tier_is_full_is_refused_at_once() -> None:
 )
 def test_a_keys_priority_ceiling(priority: str, ceiling: str | None, allowed: bool) -> None:
     assert priority_allowed(priority, ceiling) is allowed
+
+
+def test_a_refusal_at_capacity_retries_when_the_next_chat_should_finish() -> None:
+    now = [0.0]
+    drain = DrainRate(lambda: now[0])
+    assert drain.retry_after_s() == 0.5  # nothing measured yet
+    for gap in (0.2, 0.2, 0.2):
+        now[0] += gap
+        drain.finished()
+    assert drain.retry_after_s() == pytest.approx(0.2)  # chats finish every 0.2 s
+    now[0] += 1.2  # one slow gap moves the average a fifth of the way
+    drain.finished()
+    assert drain.retry_after_s() == pytest.approx(0.2 + 0.2 * 1.0)
+    now[0] += 100.0
+    drain.finished()
+    assert drain.retry_after_s() == 5.0  # never past the bound
