@@ -1,7 +1,7 @@
 """The `tiermesh` command: run the mesh, chat with it, and manage the built-in models.
 
 tiermesh run [--mesh]             start tiers + router (+ xDS control plane), show an answer, serve
-tiermesh chat [--json] PROMPT     one chat through the router
+tiermesh chat [--json] [PROMPT]   one chat through the router (no PROMPT: a conversation)
 tiermesh models train|eval        the built-in model family (see services/training)
 tiermesh mesh serve|status|...    the xDS control plane and what points at it (see mesh/)
 tiermesh chaos [--faults ...]     seeded load + scheduled faults; lost tokens counted
