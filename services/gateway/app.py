@@ -3,7 +3,8 @@ chat page. It reaches the router through one grpc.aio channel over the public Ro
 
 Knows HTTP routes and the gateway's config; the chat completions route is the bare ASGI endpoint
 of chat_endpoint.py, served ahead of FastAPI; chat logic lives in completions.py, request parsing
-in chat_request.py.
+in chat_request.py. The Messages, Responses and text completions routes are answer_endpoint.py's,
+one per wire format (anthropic_messages.py, openai_responses.py, text_completions.py).
 """
 
 from __future__ import annotations
@@ -24,19 +25,26 @@ from tiermesh.v1 import router_pb2_grpc
 
 from services.common.config import GatewayConfig
 from services.common.tiers import TIER_NAMES, tier_health_name
+from services.gateway.answer_endpoint import AnswerEndpoint
+from services.gateway.anthropic_messages import MessagesFormat
 from services.gateway.chat_endpoint import ChatCompletionsEndpoint
 from services.gateway.chat_request import MODELS
 from services.gateway.errors import GatewayError
 from services.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
+from services.gateway.openai_responses import ResponsesFormat
 from services.gateway.openai_wire import model_card, model_list
 from services.gateway.router_chat import router_stub
+from services.gateway.text_completions import TextCompletionsFormat
 from services.security.settings import ServiceSecurity
 
 CHAT_PAGE = Path(__file__).with_name("chat_page.html")
 # what a request for any other path is told the gateway serves
 ROUTES = (
-    "POST /v1/chat/completions, GET /v1/models, GET /v1/models/{model}, GET /health, GET /metrics"
+    "POST /v1/chat/completions, POST /v1/messages, POST /v1/responses, POST /v1/completions, "
+    "GET /v1/models, GET /v1/models/{model}, GET /health, GET /metrics"
 )
+# the APIs served beside chat completions, each by an AnswerEndpoint
+ANSWER_FORMATS = (MessagesFormat(), ResponsesFormat(), TextCompletionsFormat())
 
 # requests FastAPI does not trace: load balancers' and supervisors' probes, Prometheus scrapes
 PROBE_PATHS = frozenset({"/health", "/metrics"})
@@ -84,17 +92,28 @@ class RouterConnection:
 
 class GatewayApp:
     """The gateway's ASGI app: POST /v1/chat/completions goes straight to its bare endpoint,
-    everything else (and the lifespan) to FastAPI. `api` is the FastAPI app."""
+    as do the other answer APIs (`answers`); everything else (and the lifespan) to FastAPI.
+    `api` is the FastAPI app."""
 
-    def __init__(self, api: FastAPI, chat: ChatCompletionsEndpoint) -> None:
+    def __init__(
+        self,
+        api: FastAPI,
+        chat: ChatCompletionsEndpoint,
+        answers: tuple[AnswerEndpoint, ...] = (),
+    ) -> None:
         self.api = api
         self.chat = chat
+        self.answers = answers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.chat.handles(scope):
             await self.chat(scope, receive, send)
-        else:
-            await self.api(scope, receive, send)
+            return
+        for endpoint in self.answers:
+            if endpoint.handles(scope):
+                await endpoint(scope, receive, send)
+                return
+        await self.api(scope, receive, send)
 
 
 def create_app(config: GatewayConfig) -> GatewayApp:
@@ -173,7 +192,8 @@ def create_app(config: GatewayConfig) -> GatewayApp:
             )
         return JSONResponse(model_card(model))
 
-    return GatewayApp(app, ChatCompletionsEndpoint(router.router, config, metrics))
+    answers = tuple(AnswerEndpoint(f, router.router, config, metrics) for f in ANSWER_FORMATS)
+    return GatewayApp(app, ChatCompletionsEndpoint(router.router, config, metrics), answers)
 
 
 async def _health_status(channel: grpc.aio.Channel, service: str) -> str:

@@ -131,7 +131,7 @@ def test_error_body_is_openai_shaped(gateway: GatewayMesh) -> None:
 @pytest.mark.parametrize(
     ("method", "path", "status", "code"),
     [
-        ("POST", "/v1/completions", 404, "not_found"),  # what a completions client calls
+        ("POST", "/v1/messages/count_tokens", 404, "not_found"),  # what Anthropic clients call
         ("GET", "/v1/embeddings", 404, "not_found"),
         ("POST", "/v1/models", 405, "method_not_allowed"),
     ],

@@ -183,7 +183,7 @@ def test_unknown_model_is_404(gateway: GatewayMesh) -> None:
 
 def test_a_route_not_served_is_an_openai_not_found(gateway: GatewayMesh) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
-        client(gateway).completions.create(model="tiermesh-small", prompt="Hello")
+        client(gateway).embeddings.create(model="tiermesh-small", input="Hello")
     assert caught.value.body["code"] == "not_found"
     assert "/v1/chat/completions" in caught.value.message
 
