@@ -35,6 +35,7 @@ class ChatPlan:
     min_confidence: float = 0.0  # PROGRESSIVE: a draft at least this confident is kept
     choice: RouteChoice | None = None  # the policy's view of the request (for learning)
     note: str = ""  # what overload did to the route ("stepped down from large: ..."), or ""
+    priority: str = "interactive"  # interactive, batch or critical
 
 
 @dataclass

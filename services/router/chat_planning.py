@@ -110,6 +110,7 @@ def plan_chat(
     choice: RouteChoice | None = None,
     loading: Loading | None = None,
     time_remaining_s: float | None = None,
+    over_share: bool = False,
 ) -> ChatPlan:
     """The complete plan of a checked chat. `choice` is the routing policy's for this chat:
     required for ROUTED (it picks the tier); for PINNED and PROGRESSIVE, whose tiers do not
@@ -118,7 +119,8 @@ def plan_chat(
     caller may wait and plan again); without, it goes to its tier all the same. A ROUTED chat
     whose tier cannot start it in time steps down by its priority (overload.py); its budget is
     what is left of its deadline (`time_remaining_s`), and at most the config's interactive
-    budget for an interactive chat."""
+    budget for an interactive chat; `over_share`: its API key holds more than its fair part
+    (fair_share.py), so under load it is refused rather than stepped down."""
     note = ""
     stepped_from = ""
     if chat.mode == router_pb2.MODE_PINNED:
@@ -129,7 +131,7 @@ def plan_chat(
         if choice is None:
             raise ValueError("a ROUTED chat is planned with the policy's choice")
         budget_ms = _budget_ms(chat.priority, config, time_remaining_s)
-        step = step_for_load(choice.tier, loads, config, down, chat.priority, budget_ms)
+        step = step_for_load(choice.tier, loads, config, down, chat.priority, budget_ms, over_share)
         if step is not None:
             tier, note, stepped_from = step.tier, step.reason, step.stepped_from
             fallbacks = fallback_order(tier, loads, config, down)
@@ -169,6 +171,7 @@ def plan_chat(
         min_confidence=config.min_draft_confidence,
         choice=choice,
         note=note,
+        priority=chat.priority,
     )
 
 

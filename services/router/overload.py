@@ -21,6 +21,13 @@ INTERACTIVE, BATCH, CRITICAL = "interactive", "batch", "critical"
 PRIORITIES = (BATCH, INTERACTIVE, CRITICAL)  # lowest first: a key's ceiling allows those below
 
 
+class OverFairShare(TiersFull):
+    """Under load, the chat's API key already holds more than its fair part of the chats in
+    flight at its priority: refused at once (RESOURCE_EXHAUSTED, ErrorInfo FAIR_SHARE)."""
+
+    reason = "FAIR_SHARE"
+
+
 @dataclass(frozen=True)
 class Step:
     """The chat moves from `stepped_from` (the policy's choice) to `tier`, for `reason`."""
@@ -51,10 +58,12 @@ def step_for_load(
     down: Down,
     priority: str,
     budget_ms: float | None,
+    over_share: bool = False,
 ) -> Step | None:
     """Where a routed chat the policy sent to `chosen` goes when `chosen` cannot start it in
     time; None when it stays (it can, it is down, overload is "shed", the priority keeps its
-    tier, or no other tier can either). Raises TiersFull for a batch chat whose tier is full."""
+    tier, or no other tier can either). Raises TiersFull for a batch chat whose tier is full,
+    and OverFairShare for a chat whose API key holds more than its part (`over_share`)."""
     if config.overload != "step_down" or priority == CRITICAL or down(chosen) is not None:
         return None
     load = loads.get(chosen)
@@ -63,6 +72,9 @@ def step_for_load(
     why = late(chosen, load, config, budget_ms)
     if why is None:
         return None
+    if over_share:  # its key takes more than its part: the others keep the room left
+        retry_s = max(MIN_RETRY_S, retry_wait_s(load))
+        raise OverFairShare(f"over this API key's fair share under load: {why}", retry_s)
     if priority == BATCH:  # queued on its own tier; refused first once that is full
         if load.queue_full:
             retry_s = max(MIN_RETRY_S, retry_wait_s(load))

@@ -32,6 +32,7 @@ from services.router.chat_planning import check_chat_request, plan_chat
 from services.router.chat_session import ChatSession
 from services.router.chat_telemetry import NO_TELEMETRY, chat_telemetry
 from services.router.drain_rate import DrainRate
+from services.router.fair_share import FairShare
 from services.router.fallback import TiersLoading
 from services.router.learning import AnswersAgree, RoutingLessons
 from services.router.overload import priority_allowed
@@ -66,6 +67,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self._lessons = RoutingLessons(policy, answers_agree)
         self.inflight = 0
         self._drain = DrainRate()  # how fast chats in flight finish: a refusal's retry delay
+        self._fair = FairShare()  # each API key's chats in flight, by priority
 
     def plan(
         self,
@@ -90,8 +92,10 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         if route_now or chat.mode == router_pb2.MODE_ROUTED:
             choice = self._policy.route(chat.routing_input, self._loads)
         loading = self._health.loading if wait_for_loading else None
+        caller, weight = _caller(), key.weight if key is not None else 1.0
+        over = self._fair.over_share(caller, chat.priority, weight)
         return plan_chat(
-            chat, self._config, self._loads, self._down, choice, loading, time_remaining_s
+            chat, self._config, self._loads, self._down, choice, loading, time_remaining_s, over
         )
 
     async def _plan_when_serving(
@@ -145,6 +149,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             )
         self.inflight += 1
         unrouted: ChatPlan | None = None  # planned, RouteDecision not sent yet
+        counted: tuple[str, str] | None = None  # (caller, priority) in its key's fair share
         try:
             try:
                 plan = await self._plan_when_serving(request, context.time_remaining())
@@ -152,6 +157,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 code, message = e.status, str(e)
                 await abort_error(context, e)
                 raise AssertionError("abort raises") from None
+            key, counted = current_api_key(), (_caller(), plan.priority)
+            self._fair.start(*counted, key.weight if key is not None else 1.0)
             unrouted = plan
             clock.route_ms = clock.ms()
             session = ChatSession(
@@ -193,6 +200,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         finally:
             self.inflight -= 1
             self._drain.finished()
+            if counted is not None:
+                self._fair.end(*counted)
             if unrouted is not None:  # stopped before RouteDecision: the plan as it is
                 telemetry.route(unrouted.decision, unrouted.generate.max_tokens, start_ns)
             telemetry.finish(code, message)

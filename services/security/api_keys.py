@@ -41,6 +41,7 @@ class ApiKey:
     revoked: str | None = None
     # the highest chat priority it may ask for: "batch", "interactive" or "critical"; None = any
     max_priority: str | None = None
+    weight: float = 1.0  # its part of the mesh under load, against other keys' (fair share)
 
 
 def _now() -> str:

@@ -10,8 +10,9 @@ import pytest
 
 from services.common.config import RouterConfig
 from services.router.drain_rate import DrainRate
+from services.router.fair_share import FairShare
 from services.router.fallback import TiersFull
-from services.router.overload import Step, priority_allowed, step_for_load
+from services.router.overload import OverFairShare, Step, priority_allowed, step_for_load
 from services.router.policy import TierLoad
 
 CONFIG = RouterConfig()
@@ -190,3 +191,50 @@ def test_a_refusal_at_capacity_retries_when_the_next_chat_should_finish() -> Non
     now[0] += 100.0
     drain.finished()
     assert drain.retry_after_s() == 5.0  # never past the bound
+
+
+def shares(*inflight: tuple[str, int, float]) -> FairShare:
+    fair = FairShare()
+    for key, count, weight in inflight:
+        for _ in range(count):
+            fair.start(key, "interactive", weight)
+    return fair
+
+
+@pytest.mark.parametrize(
+    ("inflight", "key", "weight", "over"),
+    [
+        ((), "a", 1.0, False),  # nobody else: its whole part
+        ((("a", 9, 1.0),), "a", 1.0, False),  # alone, however many
+        ((("a", 9, 1.0), ("b", 1, 1.0)), "a", 1.0, True),  # 10 of 11 against a part of 5.5
+        ((("a", 9, 1.0), ("b", 1, 1.0)), "b", 1.0, False),  # 2 of 11: under its part
+        ((("a", 5, 1.0), ("b", 5, 1.0)), "a", 1.0, True),  # 6 of 11 just past 5.5
+        ((("a", 4, 1.0), ("b", 6, 1.0)), "a", 1.0, False),  # 5 of 11 within 5.5
+        ((("a", 5, 3.0), ("b", 2, 1.0)), "a", 3.0, False),  # weight 3: 6 of 8 within 6
+        ((("a", 6, 3.0), ("b", 2, 1.0)), "a", 3.0, True),  # weight 3: 7 of 9 past 6.75
+    ],
+)
+def test_a_keys_fair_share(
+    inflight: tuple[tuple[str, int, float], ...], key: str, weight: float, over: bool
+) -> None:
+    fair = shares(*inflight)
+    assert fair.over_share(key, "interactive", weight) is over
+    assert not fair.over_share(key, "batch", weight)  # another priority is shared apart
+
+
+def test_a_fair_share_forgets_chats_that_ended() -> None:
+    fair = shares(("a", 9, 1.0), ("b", 1, 1.0))
+    for _ in range(9):
+        fair.end("a", "interactive")
+    assert fair.inflight("a", "interactive") == 0
+    assert not fair.over_share("a", "interactive")  # b's 1 and a's 1: 1 of 2 within 1
+
+
+def test_a_chat_over_its_keys_share_under_load_is_refused_not_stepped_down() -> None:
+    loads = LOADS["large full"]
+    with pytest.raises(OverFairShare, match="over this API key's fair share under load") as no:
+        step_for_load("large", loads, CONFIG, lambda t: None, "interactive", 1000, True)
+    assert no.value.reason == "FAIR_SHARE" and no.value.status == "RESOURCE_EXHAUSTED"
+    # no load, no pressure: served where it was sent, share or not
+    idle = LOADS["large idle"]
+    assert step_for_load("large", idle, CONFIG, lambda t: None, "interactive", 1000, True) is None
