@@ -82,6 +82,14 @@ VARIABLES: dict[str, Variable] = {
     "TIERMESH_INSECURE": Variable(bool, "off"),
     # gRPC server reflection: `1` on, `0` off
     "TIERMESH_REFLECTION": Variable(bool, "on without TLS, off with"),
+    # every gRPC server's connection limits (services.common.grpc_service.ServerLimits):
+    # connections open at once (kept under the open files limit), seconds from accept to the
+    # client's HTTP/2 SETTINGS, concurrent calls per connection, seconds a connection with no
+    # call is kept (0: forever)
+    "TIERMESH_GRPC_MAX_CONNECTIONS": Variable(int, "4096"),
+    "TIERMESH_GRPC_HANDSHAKE_TIMEOUT_S": Variable(float, "5"),
+    "TIERMESH_GRPC_MAX_STREAMS": Variable(int, "4096"),
+    "TIERMESH_GRPC_IDLE_TIMEOUT_S": Variable(float, "300"),
     # OpenTelemetry, as its specification names them (services.common.telemetry): the OTLP
     # receiver of traces and metrics, or of one signal
     "OTEL_EXPORTER_OTLP_ENDPOINT": Variable(str, "unset: no OTLP"),
