@@ -72,6 +72,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         "temperature": args.temperature,
         "stop": tuple(args.stop),
         "top_logprobs": args.top_logprobs,
+        "priority": args.priority,
         "timeout": args.timeout,
     }
     telemetry = setup_telemetry("tiermesh-cli")
@@ -192,6 +193,13 @@ def register_chat(commands: Any) -> None:
         metavar="K",
         help="each token's log-probability and the K (0-20) likeliest at its step, on the "
         "--json delta lines (token_logprobs)",
+    )
+    chat.add_argument(
+        "--priority",
+        choices=("interactive", "batch", "critical"),
+        default="interactive",
+        help="who goes first under overload: interactive steps down to a smaller tier, batch "
+        "keeps its tier or is refused first, critical keeps its tier",
     )
     chat.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
     add_client_security_flags(chat, "the router")
