@@ -77,7 +77,9 @@ STATUSES: dict[int, tuple[int, str]] = {
     504: (504, "timeout_error"),
 }
 OVERLOADED = (529, "overloaded_error")
-RATE_LIMITED = "RATE_LIMITED"  # the router's reason for a key over its limits
+# the router's reasons for refusing a key's chat for what that key asks (its rate limits, more
+# than its fair share of a loaded mesh): a rate limit; other refusals for load are an overload
+KEY_LIMITS = frozenset({"RATE_LIMITED", "FAIR_SHARE"})
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
@@ -156,7 +158,7 @@ class MessagesFormat:
     def error(self, error: GatewayError, reason: str) -> tuple[int, dict[str, Any], dict[str, str]]:
         error = renamed(error, RENAMES)
         status, kind = STATUSES.get(error.status, (500, "api_error"))
-        if error.status == 429 and reason != RATE_LIMITED:
+        if error.status == 429 and reason not in KEY_LIMITS:
             status, kind = OVERLOADED  # the router or a tier at capacity, not the key's limit
         return status, error_body(kind, error), error.headers()
 

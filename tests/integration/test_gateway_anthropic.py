@@ -221,6 +221,7 @@ class KeyedGateway:
     key: str
     feedback_only: str
     one_per_minute: str
+    other: str  # a second app's key
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +231,7 @@ def keyed(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     _, key = create_key(keys, "app", ("chat",))
     _, feedback_only = create_key(keys, "feedback-bot", ("feedback",))
     _, one_per_minute = create_key(keys, "slow", ("chat",), rpm=1)
+    _, other = create_key(keys, "other-app", ("chat",))
 
     async def start() -> Mesh:
         tier_config = {"name": "small", "model_path": str(tiny_model_dir), **LONG}
@@ -246,7 +248,7 @@ def keyed(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         mesh.mesh = mesh.run(start())
         config = build_config(GatewayConfig, {"port": 0, "router": mesh.mesh.address})
         mesh.gateway = mesh.run(start_gateway(config))
-        yield KeyedGateway(mesh, key, feedback_only, one_per_minute)
+        yield KeyedGateway(mesh, key, feedback_only, one_per_minute, other)
     finally:
         mesh.stop()
 
@@ -278,7 +280,7 @@ def test_a_keys_rate_limit_is_429_and_a_full_router_is_529(keyed: KeyedGateway) 
     assert limited.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
     assert int(limited.value.response.headers["retry-after"]) >= 1
     body = {"model": "tiermesh-small", "max_tokens": 400, "messages": PROMPT, "stream": True}
-    headers = {"x-api-key": keyed.key}
+    headers = {"x-api-key": keyed.other}  # another key holds the one slot: not a fair-share limit
     with httpx.stream("POST", f"{url}/v1/messages", json=body, headers=headers) as held:
         assert held.status_code == 200  # the one chat the router admits, still streaming
         with pytest.raises(anthropic.InternalServerError) as overloaded:

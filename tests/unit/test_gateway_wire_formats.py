@@ -113,6 +113,7 @@ def test_neutral_values_of_unsupported_fields_are_accepted() -> None:
         (403, "SCOPE_MISSING", (403, "permission_error")),
         (404, "", (404, "not_found_error")),
         (429, "RATE_LIMITED", (429, "rate_limit_error")),
+        (429, "FAIR_SHARE", (429, "rate_limit_error")),
         (429, "ROUTER_AT_CAPACITY", (529, "overloaded_error")),
         (503, "", (529, "overloaded_error")),
         (504, "", (504, "timeout_error")),
