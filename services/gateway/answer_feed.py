@@ -38,6 +38,7 @@ class Answer:
     finish_reason: str
     usage: dict[str, int]
     tiermesh: dict[str, Any] | None = None
+    stop_sequence: str = ""  # the stop sequence that ended it, when one did
 
     @classmethod
     def from_completion(cls, completion: dict[str, Any]) -> Answer:
@@ -48,6 +49,7 @@ class Answer:
             choice["finish_reason"],
             completion["usage"],
             completion.get("tiermesh"),
+            choice.get("stop_reason") or "",
         )
 
 
@@ -80,5 +82,6 @@ class AnswerFeed:
                 self.tracker.finish_reason(event),
                 usage(event),
                 self.tracker.final_fields(event) if self.revisions else None,
+                self.tracker.stop_sequence(event),
             )
         return pieces

@@ -134,6 +134,7 @@ class RevisionTracker:
         self.route: RouteEvent | None = None
         self.starts: dict[int, RevisionStartEvent] = {}
         self.finish_reasons: dict[int, str] = {}
+        self.stop_sequences: dict[int, str] = {}  # by revision: the stop sequence that ended it
 
     def feed(self, event: Event) -> None:
         if isinstance(event, RouteEvent):
@@ -142,10 +143,15 @@ class RevisionTracker:
             self.starts[event.revision] = event
         elif isinstance(event, RevisionEndEvent):
             self.finish_reasons[event.revision] = event.finish_reason
+            self.stop_sequences[event.revision] = event.stop_sequence
 
     def finish_reason(self, final: FinalEvent) -> str:
         """OpenAI's finish_reason of the answer: "length" or "stop"."""
         return "length" if self.finish_reasons.get(final.revision) == "length" else "stop"
+
+    def stop_sequence(self, final: FinalEvent) -> str:
+        """The stop sequence that ended the answer ("" when none did)."""
+        return self.stop_sequences.get(final.revision, "")
 
     def revision_fields(self, revision: int) -> dict[str, Any]:
         """{revision, replaces, kept_prefix_chars, tier} of a revision that has started."""

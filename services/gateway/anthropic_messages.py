@@ -6,9 +6,8 @@ message_start, content_block_start, content_block_delta (text_delta)..., content
 message_delta (stop_reason, usage), message_stop. Errors are `{"type": "error", "error":
 {"type", "message"}}` with Anthropic's statuses; the key may come as `x-api-key`.
 
-stop_reason: "max_tokens" when the answer hit max_tokens, else "end_turn": the router's events
-say "stop" both for the model's own end and for a stop sequence, so `stop_sequence` is never
-reported (null).
+stop_reason: "stop_sequence" (with `stop_sequence` the one that matched) when one of the
+request's stop sequences ended the answer, "max_tokens" when it hit max_tokens, else "end_turn".
 
 Pure: no I/O. Knows Anthropic's field names and shapes.
 """
@@ -87,8 +86,11 @@ def message_id() -> str:
     return f"msg_{uuid.uuid4().hex}"
 
 
-def stop_reason(finish_reason: str) -> str:
-    return "max_tokens" if finish_reason == "length" else "end_turn"
+def stop_reason(answer: Answer) -> str:
+    """Anthropic's stop_reason: a stop sequence, max_tokens, or the model's own end."""
+    if answer.stop_sequence:
+        return "stop_sequence"
+    return "max_tokens" if answer.finish_reason == "length" else "end_turn"
 
 
 def usage(answer: Answer) -> dict[str, int]:
@@ -144,8 +146,8 @@ class MessagesFormat:
             "role": "assistant",
             "model": request.chat.model,
             "content": [{"type": "text", "text": answer.text}],
-            "stop_reason": stop_reason(answer.finish_reason),
-            "stop_sequence": None,
+            "stop_reason": stop_reason(answer),
+            "stop_sequence": answer.stop_sequence or None,
             "usage": usage(answer),
         }
         if answer.tiermesh is not None:
@@ -209,7 +211,10 @@ class MessageEvents:
     def closing(self, answer: Answer) -> bytes:
         delta: dict[str, Any] = {
             "type": "message_delta",
-            "delta": {"stop_reason": stop_reason(answer.finish_reason), "stop_sequence": None},
+            "delta": {
+                "stop_reason": stop_reason(answer),
+                "stop_sequence": answer.stop_sequence or None,
+            },
             "usage": usage(answer),
         }
         if answer.tiermesh is not None:

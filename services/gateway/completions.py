@@ -63,7 +63,7 @@ async def _answer(chat: RouterChat, request: ChatCompletionRequest) -> Choice:
         raise GatewayError(502, "the router's stream ended without a final answer")
     extra = tracker.final_fields(final) if request.revisions else None
     answer = entries.get(final.revision, []) if request.logprobs else None
-    return Choice(final, tracker.finish_reason(final), extra, answer)
+    return Choice(final, tracker.finish_reason(final), extra, answer, tracker.stop_sequence(final))
 
 
 async def first_events(chats: list[RouterChat]) -> list[Event]:

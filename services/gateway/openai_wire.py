@@ -65,6 +65,7 @@ class Choice:
     finish_reason: str
     tiermesh: dict[str, Any] | None = None  # the revisions opt-in's final object
     logprobs: list[TokenLogprob] | None = None  # the answer's tokens, when the request asked
+    stop_sequence: str = ""  # the stop sequence that ended the answer, when one did
 
 
 class ChunkWriter:
@@ -184,6 +185,8 @@ def completion(model: str, choices: list[Choice], service_tier: str = "default")
                 "message": {"role": "assistant", "content": choice.final.text},
                 "logprobs": None if choice.logprobs is None else logprobs_field(choice.logprobs),
                 "finish_reason": choice.finish_reason,
+                # as vLLM's server: the stop string that ended the answer, else null
+                "stop_reason": choice.stop_sequence or None,
                 **(
                     {"tiermesh": choice.tiermesh}
                     if len(choices) > 1 and choice.tiermesh is not None

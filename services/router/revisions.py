@@ -80,10 +80,18 @@ def delta(revision: int, text: str, chunks: list[tier_pb2.GenerateChunk]) -> rou
 
 
 def revision_end(
-    revision: int, finish_reason: str, usage: common_pb2.Usage | None, error: str = ""
+    revision: int,
+    finish_reason: str,
+    usage: common_pb2.Usage | None,
+    error: str = "",
+    stop_sequence: str = "",
 ) -> router_pb2.ChatEvent:
     return router_pb2.ChatEvent(
         revision_end=router_pb2.RevisionEnd(
-            revision=revision, finish_reason=finish_reason, usage=usage, error=error
+            revision=revision,
+            finish_reason=finish_reason,
+            usage=usage,
+            error=error,
+            stop_sequence=stop_sequence,
         )
     )

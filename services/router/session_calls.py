@@ -69,6 +69,7 @@ class CallState:
     carried_tokens: int = 0  # tokens of a broken call this one continues
     usage: common_pb2.Usage | None = None
     finish_reason: str = ""
+    stop_sequence: str = ""  # the stop sequence that ended it, when one did
     model: str = ""  # the answering model, "<tier>/<model>", from the tier's chunks
     model_fingerprint: str = ""
     error: TierError | None = None
@@ -104,6 +105,7 @@ class CallState:
             self.model_fingerprint = chunk.model_fingerprint
         if chunk.finish_reason:
             self.finish_reason = chunk.finish_reason
+            self.stop_sequence = chunk.stop_sequence
             self.usage = self._answer_usage(chunk.usage)
 
     def _answer_usage(self, usage: common_pb2.Usage) -> common_pb2.Usage:

@@ -146,7 +146,8 @@ class SessionCore:
         out = self._race_alone(state) if self._racing else []
         out += s.complete_at_end(self._clock, now)
         out += self._report(state)
-        out.append(revision_end(s.revision, state.finish_reason or "stop", state.usage))
+        finish = state.finish_reason or "stop"
+        out.append(revision_end(s.revision, finish, state.usage, "", state.stop_sequence))
         return out + self._stream_over(now)
 
     def failed(

@@ -95,6 +95,7 @@ class GenerationChunk:
     model_fingerprint: str = ""  # with model: its checkpoint's fingerprint ("" if none)
     # with sampling.top_logprobs: the tokens whose text ends in this chunk, in order
     token_logprobs: tuple[TokenLogprob, ...] = ()
+    stop_sequence: str = ""  # on the last chunk, the stop sequence that ended the answer
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
                         token_logprobs=token_logprobs_to_proto(chunk.token_logprobs)
                         if chunk.token_logprobs
                         else None,
+                        stop_sequence=chunk.stop_sequence,
                     )
         except TiermeshError as e:
             status, message = e.status, str(e)

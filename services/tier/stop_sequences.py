@@ -36,11 +36,18 @@ class StopSequences:
         stop, the entry it cuts keeps its text before the stop and later ones are dropped)."""
         text = self._held + chunk.text
         self._entries.extend(chunk.token_logprobs)
-        cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, stop) for stop in self._stops if (i := text.find(stop)) >= 0]
+        if found:
+            cut, stop = min(found, key=lambda f: f[0])  # the first in the text
             self._held = ""
             entries = self._release(cut, at_stop=True)
-            return replace(chunk, text=text[:cut], finish_reason=STOP, token_logprobs=entries)
+            return replace(
+                chunk,
+                text=text[:cut],
+                finish_reason=STOP,
+                token_logprobs=entries,
+                stop_sequence=stop,
+            )
         if chunk.finish_reason is not None:
             self._held = ""
             entries, self._entries = tuple(self._entries), []

@@ -104,6 +104,23 @@ def test_an_answer_cut_by_max_tokens_says_so(gateway: GatewayMesh) -> None:
     assert message.usage.output_tokens == 3
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_ended_by_a_stop_sequence_names_it(gateway: GatewayMesh, stream: bool) -> None:
+    whole = client(gateway.url).messages.create(
+        model="tiermesh-small", max_tokens=16, messages=PROMPT
+    )
+    text = whole.content[0].text  # type: ignore[union-attr]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]  # from the middle of the greedy answer
+    options = {"model": "tiermesh-small", "max_tokens": 16, "messages": PROMPT}
+    if stream:
+        with client(gateway.url).messages.stream(stop_sequences=[stop], **options) as events:
+            message = events.get_final_message()
+    else:
+        message = client(gateway.url).messages.create(stop_sequences=[stop], **options)
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", stop)
+    assert message.content[0].text == text[: text.index(stop)]  # type: ignore[union-attr]
+
+
 def test_raw_events_follow_anthropics_sequence(gateway: GatewayMesh) -> None:
     events = list(
         client(gateway.url).messages.create(

@@ -54,6 +54,7 @@ async def test_the_answer_ends_before_the_stop_sequence(tier: TierServer) -> Non
     cut = await generate(tier, "30 days", "refund")
     assert text(cut) == "You can return any unused item within "
     assert cut[-1].finish_reason == "stop"
+    assert (cut[-1].stop_sequence, whole[-1].stop_sequence) == ("30 days", "")
     assert all("30" not in c.text for c in cut)
     # it stopped there: fewer tokens than the whole answer, at most one chunk past the stop
     generated = cut[-1].usage.completion_tokens

@@ -45,6 +45,14 @@ def test_the_earliest_of_several_stop_sequences_cuts() -> None:
     assert streamed(("30", "item"), ["any item within 30 days"]) == [("any ", "stop")]
 
 
+def test_the_stop_sequence_that_cut_is_named_on_the_last_chunk() -> None:
+    matcher = StopSequences(("30", "item"))
+    cut = matcher.apply(GenerationChunk((0,), "any item within 30 days", (0.0,)))
+    assert (cut.finish_reason, cut.stop_sequence) == ("stop", "item")
+    ended = StopSequences(("zzz",)).apply(GenerationChunk((0,), "done", (0.0,), "length"))
+    assert ended.stop_sequence == ""
+
+
 def test_without_a_match_the_text_is_unchanged() -> None:
     pieces = ["You can ", "return it."]
     assert streamed(("zzz",), pieces) == [("You can ", None), ("return it.", "length")]

@@ -81,6 +81,7 @@ class RevisionEndEvent:
     finish_reason: str
     usage: dict[str, Any]
     error: str
+    stop_sequence: str = ""  # the stop sequence that ended the revision, when one did
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,9 @@ def event_from_proto(event: router_pb2.ChatEvent) -> Event:
         return DeltaEvent(d.revision, d.text, tuple(d.token_ids), entries)
     if kind == "revision_end":
         e = event.revision_end
-        return RevisionEndEvent(e.revision, e.finish_reason, _usage(e.usage), e.error)
+        return RevisionEndEvent(
+            e.revision, e.finish_reason, _usage(e.usage), e.error, e.stop_sequence
+        )
     if kind == "final":
         f = event.final
         usage = [
