@@ -2,32 +2,42 @@
 keep-alive timeout, and caps on open connections, in all and per client address, so that slow or
 half-open connections cannot hold the front door's descriptors.
 
-How: uvicorn closes an idle kept-alive connection (`timeout_keep_alive`) but has no deadline
-for headers or a body and no connection cap (its `limit_concurrency` answers 503 only once a
-request is read, while the connection already holds a descriptor). So the gateway serves HTTP/1.1
-with `GuardedHttpProtocol`, a subclass of uvicorn's httptools protocol that hooks its parser's
-callbacks (message begin, headers complete, message complete, response complete) and the
-asyncio protocol's (connection made and lost); no socket or event loop is wrapped.
+How: uvicorn closes an idle kept-alive connection (`timeout_keep_alive`) but has no deadline for
+headers or a body and no connection cap (its `limit_concurrency` answers 503 only once a request
+is read, while the connection already holds a descriptor). So the gateway adds two small pieces
+and wraps no event loop:
+
+- `GuardedListener`, the listening socket uvicorn is handed: asyncio calls its `accept()`, which
+  admits each new connection into the guard or refuses it there and then, before asyncio makes a
+  transport, a task and a protocol for it (a refusal costs a few microseconds, and every accepted
+  descriptor is either counted under the cap or already closed; asyncio accepts up to its backlog
+  of connections per wake-up, which would otherwise all hold descriptors before a protocol could
+  refuse them).
+- `GuardedHttpProtocol`, a subclass of uvicorn's httptools protocol that hooks its parser's
+  callbacks (message begin, headers complete, message complete, response complete) for the
+  deadlines, and tells the guard when a connection is busy, idle again, or closed.
+
 `ConnectionGuard` counts and decides (admit, make room, refuse) with no I/O.
 
 - A connection is admitted while fewer than `max_connections` are open and fewer than
-  `max_connections_per_client` from its address. At `max_connections` the connection idle
-  longest (no request in progress: still waiting for its headers, or kept alive between requests)
-  is closed to make room, if it has been idle for MIN_IDLE_S, so half-open connections give way to
-  new ones; else the new one is refused. A refused connection holds no slot: if its request
-  arrives within REFUSAL_WAIT_S it is answered 503 with Retry-After, else closed; at most
-  MAX_REFUSING are being refused at once, past that they are closed as accepted.
+  `max_connections_per_client` from its address. At `max_connections` an idle connection (no
+  request in progress) is closed to make room: the oldest of those that never sent a whole
+  request, if idle for MIN_IDLE_S (half-open ones give way to new ones), else the oldest kept alive
+  after a response, if idle for MIN_KEPT_IDLE_S; else the new one is refused: answered 503 with
+  Retry-After if its request is already there, else closed.
 - Headers must be in within `header_timeout_s` of the connection opening (of a request's first
   byte on a kept-alive connection) and within MAX_HEADER_BYTES (else 431); the body within
   `body_timeout_s` of the headers (else 408). Either closes the connection.
 
-Knows uvicorn's httptools protocol and the gateway's config; nothing of the routes.
+Knows sockets, uvicorn's httptools protocol and the gateway's config; nothing of the routes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import socket
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable, Iterator
@@ -43,11 +53,14 @@ from services.common.config import GatewayConfig
 
 log = logging.getLogger(__name__)
 
-MIN_IDLE_S = 0.5  # a connection idle for less is never closed to make room
-REFUSAL_WAIT_S = 1.0  # a refused connection's request gets a 503 if it comes within this
-MAX_REFUSING = 256  # refused connections open at once; past it, closed as accepted
+# to make room, a connection that never had a request is closed once idle this long, one kept
+# alive after a response once idle this long (a client that talks every few seconds keeps it)
+MIN_IDLE_S = 0.5
+MIN_KEPT_IDLE_S = 2.0
 MAX_HEADER_BYTES = 64 * 1024  # a request line and headers larger: 431, closed
 LOG_EVERY_S = 10.0  # refusals and timeouts are logged at most this often
+REFUSALS_PER_ACCEPT = 256  # then the event loop runs other work before refusing more
+PENDING_S = 10.0  # an accepted connection asyncio never made a protocol for is forgotten after
 
 # why a connection was refused, and why one was closed by the gateway
 REFUSED_FULL = "max_connections"
@@ -95,17 +108,22 @@ class Admission(Generic[C]):
 @dataclass
 class ConnectionGuard(Generic[C]):
     """Open connections by client address, which of them are idle (no request in progress) and
-    since when, and the counts /metrics shows. One event loop's: not thread-safe."""
+    since when, and the counts /metrics shows. A connection is admitted under a key that stands
+    for it until its protocol `adopt`s it (the accepted socket's descriptor): only adopted
+    connections can be closed to make room. One event loop's: not thread-safe."""
 
     limits: ConnectionLimits
     clock: Callable[[], float] = time.monotonic
     refused: Counter[str] = field(default_factory=Counter)
     closed: Counter[str] = field(default_factory=Counter)
-    answered_503: int = 0
-    refusing: int = 0  # refused connections still open (waiting for a request to answer 503)
-    _hosts: dict[C, str] = field(default_factory=dict)
+    answered_503: int = 0  # refusals whose request was already there: answered 503
+    _hosts: dict[Hashable, str] = field(default_factory=dict)
     _per_client: Counter[str] = field(default_factory=Counter)
-    _idle: OrderedDict[C, float] = field(default_factory=OrderedDict)  # oldest idle first
+    _pending: OrderedDict[Hashable, float] = field(default_factory=OrderedDict)  # not adopted
+    # idle connections, oldest first: those that never had a request (half-open), and those
+    # kept alive after a response; room is made from the first before the second
+    _unused: OrderedDict[C, float] = field(default_factory=OrderedDict)
+    _kept: OrderedDict[C, float] = field(default_factory=OrderedDict)
 
     @property
     def open(self) -> int:
@@ -114,45 +132,76 @@ class ConnectionGuard(Generic[C]):
     def from_client(self, host: str) -> int:
         return self._per_client[host]
 
-    def admit(self, connection: C, host: str) -> Admission[C]:
-        """Admits `connection` from `host` (idle until `busy`), or says why not. At the cap the
+    def admit(self, key: Hashable, host: str) -> Admission[C]:
+        """Admits a connection from `host` under `key`, or says why not. At the cap the adopted
         connection idle longest, if idle for MIN_IDLE_S, is released to make room: the caller
         closes it."""
+        self._forget_stale()
+        self.release(key)  # a descriptor number asyncio closed and the kernel gave out again
         if self._per_client[host] >= self.limits.max_connections_per_client:
             self.refused[REFUSED_CLIENT] += 1
             return Admission(refused=REFUSED_CLIENT)
         room: C | None = None
         if len(self._hosts) >= self.limits.max_connections:
-            oldest = next(iter(self._idle.items()), None)
-            if oldest is None or self.clock() - oldest[1] < MIN_IDLE_S:
+            room = self._longest_idle()
+            if room is None:
                 self.refused[REFUSED_FULL] += 1
                 return Admission(refused=REFUSED_FULL)
-            room = oldest[0]
             self.release(room)
             self.closed[MADE_ROOM] += 1
-        self._hosts[connection] = host
+        self._hosts[key] = host
         self._per_client[host] += 1
-        self._idle[connection] = self.clock()
+        self._pending[key] = self.clock()
         return Admission(make_room=room)
+
+    def adopt(self, key: Hashable, connection: C) -> bool:
+        """`connection` takes the place of the admitted `key`, idle from now; False if `key`
+        was not admitted (or was forgotten)."""
+        if self._pending.pop(key, None) is None:
+            return False
+        self._hosts[connection] = self._hosts.pop(key)
+        self._unused[connection] = self.clock()
+        return True
 
     def busy(self, connection: C) -> None:
         """A request's headers are in: the connection is no longer a candidate to make room."""
-        self._idle.pop(connection, None)
+        self._unused.pop(connection, None)
+        self._kept.pop(connection, None)
 
     def idle(self, connection: C) -> None:
-        """Its response is complete: idle (kept alive) from now."""
+        """Its response is complete: kept alive, idle from now."""
         if connection in self._hosts:
-            self._idle.pop(connection, None)
-            self._idle[connection] = self.clock()
+            self.busy(connection)
+            self._kept[connection] = self.clock()
 
-    def release(self, connection: C) -> None:
+    def release(self, connection: Hashable) -> None:
         """The connection is closed (or about to be): its slot is free. Idempotent."""
         host = self._hosts.pop(connection, None)
-        self._idle.pop(connection, None)
+        self._unused.pop(connection, None)  # type: ignore[arg-type]
+        self._kept.pop(connection, None)  # type: ignore[arg-type]
+        self._pending.pop(connection, None)
         if host is not None:
             self._per_client[host] -= 1
             if self._per_client[host] <= 0:
                 del self._per_client[host]
+
+    def _longest_idle(self) -> C | None:
+        """The connection to close to make room: the oldest that never had a request, idle for
+        MIN_IDLE_S, else the oldest kept alive, idle for MIN_KEPT_IDLE_S; None if neither."""
+        for idle, least in ((self._unused, MIN_IDLE_S), (self._kept, MIN_KEPT_IDLE_S)):
+            oldest = next(iter(idle.items()), None)
+            if oldest is not None and self.clock() - oldest[1] >= least:
+                return oldest[0]
+        return None
+
+    def _forget_stale(self) -> None:
+        """Releases admitted keys never adopted within PENDING_S (asyncio failed to make a
+        transport for the connection, and closed it)."""
+        while self._pending:
+            key, since = next(iter(self._pending.items()))
+            if self.clock() - since < PENDING_S:
+                return
+            self.release(key)
 
 
 class _LogLimiter:
@@ -198,27 +247,26 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._phase: str | None = None  # "headers" or "body" while a deadline runs
         self._header_bytes = 0
-        self._refusal_timer: asyncio.TimerHandle | None = None
-        self._answered = False
 
     # asyncio's protocol callbacks
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        address = get_remote_addr(transport)
-        admission = self.guard.admit(self, address[0] if address else "")
-        if admission.make_room is not None:
-            admission.make_room.transport.close()
-        if admission.refused is not None:
-            self._refuse(transport, admission.refused)
-            return
+        sock = transport.get_extra_info("socket")
+        if sock is None or not self.guard.adopt(sock.fileno(), self):
+            # not accepted by a GuardedListener (another listening socket): admitted here
+            address = get_remote_addr(transport)
+            admission = self.guard.admit(self, address[0] if address else "")
+            if admission.make_room is not None:
+                admission.make_room.transport.close()
+            if admission.refused is not None:
+                transport.abort()
+                return
+            self.guard.adopt(self, self)
         self._admitted = True
         super().connection_made(transport)
         self._start(HEADER_TIMEOUT, self.guard.limits.header_timeout_s)
 
     def data_received(self, data: bytes) -> None:
-        if not self._admitted:
-            self._refusal_received()
-            return
         super().data_received(data)
         if self._phase == HEADER_TIMEOUT and not self.transport.is_closing():
             self._header_bytes += len(data)
@@ -229,15 +277,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop()
-        if not self._admitted:
-            self.connections.discard(self)
-            if self._refusal_timer is not None:
-                self._refusal_timer.cancel()
-                self._refusal_timer = None
-                self.guard.refusing -= 1
-            return
-        self.guard.release(self)
-        super().connection_lost(exc)
+        if self._admitted:
+            self.guard.release(self)
+            super().connection_lost(exc)
 
     # the parser's callbacks (inside data_received)
 
@@ -258,12 +300,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self.guard.idle(self)
-
-    def shutdown(self) -> None:
-        if not self._admitted:
-            self.transport.abort()
-            return
-        super().shutdown()
 
     def timeout_keep_alive_handler(self) -> None:
         if not self.transport.is_closing():
@@ -311,41 +347,65 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             )
         self.transport.close()
 
-    # refusals
 
-    def _refuse(self, transport: asyncio.Transport, reason: str) -> None:
-        self.transport = transport
-        if self._logs.due():
+class GuardedListener(socket.socket):
+    """The gateway's listening socket (module docstring): asyncio's accept loop calls `accept`,
+    which returns admitted connections only. `guard` is set by `guarded_listener`."""
+
+    guard: ConnectionGuard[GuardedHttpProtocol]
+    logs: _LogLimiter
+    refusal: bytes  # the 503 a refused connection whose request is already there gets
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        for _ in range(REFUSALS_PER_ACCEPT):
+            conn, address = super().accept()  # BlockingIOError once none is waiting
+            host = address[0] if isinstance(address, tuple) else ""
+            admission = self.guard.admit(conn.fileno(), host)
+            if admission.refused is None:
+                if admission.make_room is not None:
+                    admission.make_room.transport.close()
+                return conn, address
+            self._refuse(conn, admission.refused, host)
+        # more are waiting: the listening socket stays readable and asyncio comes back to it
+        raise BlockingIOError(errno.EAGAIN, "refused a burst of connections")
+
+    def _refuse(self, conn: socket.socket, reason: str, host: str) -> None:
+        """503 with Retry-After if the request is already there, then closed; else closed."""
+        try:
+            if conn.recv(65536, socket.MSG_DONTWAIT):
+                conn.send(self.refusal, socket.MSG_DONTWAIT)
+                self.guard.answered_503 += 1
+        except OSError:  # nothing to read yet, or the client is gone
+            pass
+        conn.close()
+        if self.logs.due():
             log.warning(
-                "refusing connections (%s): %d open, cap %d, %d per client; refused since "
-                "start: %s",
+                "refusing connections (%s, last from %s): %d open, cap %d, %d per client; "
+                "refused since start: %s",
                 reason,
+                host,
                 self.guard.open,
                 self.guard.limits.max_connections,
                 self.guard.limits.max_connections_per_client,
                 dict(self.guard.refused),
             )
-        if self.guard.refusing >= MAX_REFUSING:
-            transport.abort()
-            return
-        self.guard.refusing += 1
-        self._refusal_timer = self.loop.call_later(REFUSAL_WAIT_S, transport.abort)
-        self.connections.add(self)  # so that uvicorn's shutdown closes it too (`shutdown`)
 
-    def _refusal_received(self) -> None:
-        """A refused connection's request came: 503 with Retry-After, then the write side is
-        closed and what else it sends is read and dropped until it closes or the wait ends (so
-        the answer is not lost to a reset)."""
-        if self._answered or self.transport.is_closing():
-            return
-        self._answered = True
-        self.guard.answered_503 += 1
-        retry = str(self.guard.limits.retry_after_s)
-        body = _error_body("the gateway is at its connection limit; retry later", "overloaded")
-        headers = [("content-type", "application/json"), ("retry-after", retry)]
-        self.transport.write(_response("503 Service Unavailable", headers, body))
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
+
+def guarded_listener(
+    sock: socket.socket, guard: ConnectionGuard[GuardedHttpProtocol]
+) -> GuardedListener:
+    """`sock` (a listening TCP socket, detached: do not use it after) as a GuardedListener."""
+    listener = GuardedListener(fileno=sock.detach())
+    listener.setblocking(False)
+    listener.guard = guard
+    listener.logs = _LogLimiter()
+    body = _error_body("the gateway is at its connection limit; retry later", "overloaded")
+    headers = [
+        ("content-type", "application/json"),
+        ("retry-after", str(guard.limits.retry_after_s)),
+    ]
+    listener.refusal = _response("503 Service Unavailable", headers, body)
+    return listener
 
 
 def protocol_class(guard: ConnectionGuard[GuardedHttpProtocol]) -> type[GuardedHttpProtocol]:

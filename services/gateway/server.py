@@ -1,7 +1,8 @@
 """Runs the gateway: loads its config, serves the HTTP app on uvicorn under its connection
-limits (connections.py: header and body deadlines, keep-alive, connection caps), drains on
-SIGTERM. At start it raises its open files limit to the hard limit and keeps its connection cap
-under it (services/common/descriptors.py).
+limits (connections.py: a listening socket that admits or refuses each connection, a protocol
+with header and body deadlines and keep-alive), drains on SIGTERM. At start it raises its open
+files limit to the hard limit and keeps its connection cap under it
+(services/common/descriptors.py).
 
 `start_gateway` runs it inside the caller's event loop (tests use port 0); `main` is the
 `python -m services.gateway` entrypoint.
@@ -36,6 +37,7 @@ from services.gateway.connections import (
     ConnectionLimits,
     ConnectionMetrics,
     GuardedHttpProtocol,
+    guarded_listener,
     protocol_class,
 )
 from services.gateway.cors import with_cors
@@ -107,8 +109,8 @@ def _uvicorn_config(
 
 async def start_gateway(config: GatewayConfig) -> RunningGateway:
     """Starts the gateway in this event loop; port 0 binds any free port."""
-    sock = tcp_listener(config.host, config.port)
     uvicorn_config, guard = _uvicorn_config(config)
+    sock = guarded_listener(tcp_listener(config.host, config.port), guard)
     server = uvicorn.Server(uvicorn_config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
@@ -121,9 +123,10 @@ async def start_gateway(config: GatewayConfig) -> RunningGateway:
 
 async def _serve(config: GatewayConfig) -> None:
     telemetry = setup_telemetry("gateway")
-    sock = tcp_listener(config.host, config.port)
+    uvicorn_config, guard = _uvicorn_config(config)
+    sock = guarded_listener(tcp_listener(config.host, config.port), guard)
     log.info("gateway on http://%s:%d, router %s", config.host, config.port, config.router)
-    server = uvicorn.Server(_uvicorn_config(config)[0])
+    server = uvicorn.Server(uvicorn_config)
     freeze_heap()  # imports and the app out of the collector's reach (services/common/heap.py)
     try:
         await server.serve(sockets=[sock])

@@ -22,6 +22,7 @@ from services.gateway.connections import (
     HEADER_TIMEOUT,
     HEADERS_TOO_LARGE,
     IDLE_TIMEOUT,
+    MIN_IDLE_S,
     REFUSED_CLIENT,
 )
 from services.gateway.server import RunningGateway, start_gateway
@@ -81,41 +82,62 @@ async def _released(running: RunningGateway, base: int, timeout_s: float = 5.0) 
         await asyncio.sleep(0.05)
 
 
-async def test_half_open_connections_are_capped_and_normal_requests_still_answered(
-    gateway: RunningGateway,
-) -> None:
+async def _fresh_request(url: str) -> str:
+    """GET over a new connection: "200", "503 retry after N" or "closed"; fast either way."""
+    began = time.monotonic()
+    try:
+        async with httpx.AsyncClient() as new:
+            response = await new.get(url, timeout=5)
+    except httpx.TransportError:
+        outcome = "closed"
+    else:
+        retry = response.headers.get("retry-after")
+        outcome = f"{response.status_code}" + (f" retry after {retry}" if retry else "")
+    assert time.monotonic() - began < 1.5, outcome
+    return outcome
+
+
+async def test_half_open_connections_are_capped_and_normal_requests_still_answered() -> None:
+    gateway = await _gateway(
+        max_connections=CAP, max_connections_per_client=PER_CLIENT, header_timeout_s=1.0
+    )
+    try:
+        await _half_open_attack(gateway)
+    finally:
+        await gateway.stop()
+
+
+async def _half_open_attack(gateway: RunningGateway) -> None:
     url = f"{gateway.url}/v1/models"
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=1)) as kept:
         assert (await kept.get(url)).status_code == 200
         base = open_descriptors() or 0
         attackers = [
             asyncio.create_task(
+                # opened once each: a refused or closed one does not come back within the hold
                 hold_connections(
-                    "127.0.0.1", gateway.port, "http", 150, 3.0, reopen_s=0.5, source=a
+                    "127.0.0.1", gateway.port, "http", 150, 3.0, reopen_s=10.0, source=a
                 )
             )
             for a in ("127.0.0.2", "127.0.0.3")
         ]
         most_open, kept_statuses, fresh = 0, [], []
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(2 * MIN_IDLE_S)  # the attack's connections are open and idle
         while not all(task.done() for task in attackers):
             most_open = max(most_open, gateway.connections.open)
             kept_statuses.append((await kept.get(url, timeout=5)).status_code)
-            began = time.monotonic()
-            async with httpx.AsyncClient() as new:
-                response = await new.get(url, timeout=5)
-            fresh.append((response.status_code, response.headers.get("retry-after")))
-            assert time.monotonic() - began < 1.5  # answered or refused, fast either way
+            fresh.append(await _fresh_request(url))
             await asyncio.sleep(0.2)
         tallies = [await task for task in attackers]
         assert set(kept_statuses) == {200}, kept_statuses
-        assert all(status == 200 or (status, retry) == (503, "1") for status, retry in fresh)
+        # a new connection gets in by making room: the attack's are idle and never sent a request
+        assert set(fresh) == {"200"}, fresh
         assert most_open <= CAP
         for tally in tallies:
-            assert tally.refused_fast > 0 and tally.answers["503"] > 0
-            assert tally.peak_open <= 150
+            # refused as accepted: 503 where the partial request was already there, else closed
+            assert tally.refused_fast > 0 and tally.peak_open <= 150
+        assert sum(t.answers["503"] for t in tallies) == gateway.connections.answered_503
         assert gateway.connections.refused[REFUSED_CLIENT] > 0
-        assert gateway.connections.answered_503 > 0
         released = await _released(gateway, base)
         assert released is not None and released <= base + 2, (released, base)
         assert gateway.connections.open == 1  # the kept-alive client's
@@ -128,8 +150,9 @@ async def test_attack_from_worker_processes_is_refused_per_client_address(
     tally = await attack("127.0.0.1", gateway.port, "http", 120, 2.0, processes=2, reopen_s=0.5)
     assert tally.asked == 120 and not tally.connect_failed, tally.to_json()
     # two addresses of 60 each against 40 per client: 20 of each refused, then again on reopen
-    assert tally.refused_fast >= 40 and tally.answers["503"] >= 40
-    assert tally.open_at_end == min(CAP, 2 * PER_CLIENT)
+    assert tally.refused_fast >= 40
+    assert CAP / 2 <= tally.open_at_end <= CAP + 4  # + those being closed to make room
+    assert gateway.connections.open <= CAP
     async with httpx.AsyncClient() as client:
         assert (await client.get(f"{gateway.url}/v1/models")).status_code == 200
 
