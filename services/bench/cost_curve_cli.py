@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,11 @@ def echo_settings(args: argparse.Namespace) -> EchoSettings | None:
     """The echo tiers asked for by `--engine echo`, else None (the tiers' models)."""
     if getattr(args, "engine", "model") != "echo":
         return None
-    return EchoSettings(ttft_ms=args.echo_ttft_ms, tokens_per_s=args.echo_tokens_per_s)
+    settings = EchoSettings(ttft_ms=args.echo_ttft_ms, tokens_per_s=args.echo_tokens_per_s)
+    # `bench --scenario overload`: slots and queue small enough for the echo mesh to fill
+    running = getattr(args, "echo_max_running", None) or settings.max_running
+    queued = getattr(args, "echo_max_queued", None) or settings.max_queued
+    return replace(settings, max_running=running, max_queued=queued)
 
 
 def ramp_seconds(args: argparse.Namespace, warmup_s: float, echo: EchoSettings | None) -> float:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -30,6 +31,7 @@ from services.bench.hybrid_bench import (
 from services.bench.loadgen import CONFIGURATIONS, LoadCounters, RequestRecord, configuration
 from services.bench.openai_cli import run_openai_bench
 from services.bench.options import concurrency_levels
+from services.bench.overload_bench import OVERLOAD, add_overload_options, run_overload_command
 from services.bench.relay_floor import RelayFloorError
 from services.bench.report import (
     context_lines,
@@ -84,7 +86,8 @@ def plain_configuration_names(value: str) -> list[str]:
 def add_common_options(parser: argparse.ArgumentParser, *, sweep: bool) -> None:
     """Options `tiermesh bench` and `tiermesh bench sweep` share (mesh, load, output)."""
     load = parser.add_argument_group("load")
-    load.add_argument("--scenario", choices=tuple(SCENARIOS), default="long-tail")
+    overload = () if sweep else (OVERLOAD,)
+    load.add_argument("--scenario", choices=(*SCENARIOS, *overload), default="long-tail")
     load.add_argument("--mix", help="class weights, e.g. simple=0.9,complex=0.1")
     load.add_argument("--seed", type=int, default=0, help="seeds arrivals and requests")
     load.add_argument("--max-tokens", type=int, default=LoadOptions.max_tokens)
@@ -151,6 +154,7 @@ def register_hybrid(bench: argparse.ArgumentParser, kinds: Any) -> None:
         help="--target openai --router: at one stream also time a bare HTTP-to-gRPC relay "
         "(services/bench/relay_floor.py) beside the gateway: the least any relay adds here",
     )
+    add_overload_options(bench)
     bench.set_defaults(func=cmd_bench)
     sweep = kinds.add_parser(
         "sweep",
@@ -285,6 +289,8 @@ class LiveProgress:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     console = report_console(args.json)
+    if args.scenario == OVERLOAD:
+        return run_overload_command(args, console, functools.partial(mesh_target, args, console))
     try:
         scenario = bench_scenario(args)
         if args.target == "openai":

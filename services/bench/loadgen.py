@@ -90,6 +90,10 @@ class RequestRecord:
     policy: str = ""  # the routing policy that decided, from the router's route decision
     route_reason: str = ""  # why, from the same route decision (e.g. a load-aware fallback)
     complexity: float | None = None  # the policy's complexity score, from the route decision
+    priority: str = "interactive"  # the chat's priority: interactive, batch or critical
+    routed_tier: str = ""  # the first tier of the route decision
+    stepped_from: str = ""  # the tier overload moved the chat off, from the route decision
+    error_reason: str = ""  # ErrorInfo of a failed chat, e.g. FAIR_SHARE or OVERLOADED
 
     @property
     def ok(self) -> bool:
@@ -120,6 +124,8 @@ class LoadRun:
     timeout_s: float
     counters: LoadCounters = field(default_factory=LoadCounters)
     on_record: Callable[[RequestRecord], None] | None = None
+    # the priority of request i (None: every chat interactive, the router's default)
+    priority_of: Callable[[int], str] | None = None
     start: float = field(default_factory=time.perf_counter)
 
     def now(self) -> float:
@@ -144,12 +150,15 @@ class LoadRun:
         self.counters.sent += 1
         self.counters.in_flight += 1
         token_counts: dict[int, int] = {}
+        if self.priority_of is not None:
+            record.priority = self.priority_of(record.index)
         try:
             async for event in self.client.chat_stream(
                 item.prompt,
                 timeout=self.timeout_s,
                 max_tokens=self.max_tokens,
                 request_id=f"bench-{self.configuration.name}-{record.index}",
+                priority=record.priority,
                 **self.configuration.options(),
             ):
                 elapsed = time.perf_counter() - sent
@@ -165,6 +174,8 @@ class LoadRun:
                     record.policy = event.policy
                     record.route_reason = event.reason
                     record.complexity = event.complexity
+                    record.routed_tier = event.tiers[0] if event.tiers else ""
+                    record.stepped_from = event.stepped_from
                 elif isinstance(event, FinalEvent):
                     record.final_s = elapsed
                     record.tier = event.tier
@@ -174,6 +185,7 @@ class LoadRun:
                     record.output_tokens = _final_tokens(event, token_counts)
         except ChatError as e:
             record.status, record.error = e.code, e.message
+            record.error_reason = e.details.reason
         except asyncio.CancelledError:
             record.status, record.error = "CANCELLED", "the run ended first"
             raise

@@ -1,0 +1,319 @@
+"""`tiermesh bench --scenario overload --load X`: how the mesh behaves past its capacity.
+
+Three phases against one mesh, all on the same seeded request sequence (the workload's traffic
+mix):
+
+1. unloaded: a closed loop of UNLOADED_CLIENTS routed interactive chats for a few seconds: the
+   answers and TTFT every loaded chat is compared with (request i of the sequence both times);
+2. capacity: an open-loop ramp of routed interactive chats in RAMP_STEP_S steps from the unloaded
+   pass's rate, doubling until a step is not served (a refusal, a step-down or TTFT p99 over the
+   bound), then halving the gap (geometric middle) for the steps --capacity-s leaves; the
+   capacity is the highest rate served;
+3. overload: X times that rate, open loop (seeded Poisson arrivals) for the duration, each chat
+   at a seeded priority (PRIORITY_MIX), every chat measured.
+
+The load generator, records and percentiles are loadgen.py's and metrics.py's; the numbers are
+overload_report.py's. The bench's own mesh has no API keys, so the router's fair share between
+keys is not exercised and per_key_share is null.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from tiermesh.client import AsyncRouterClient
+
+from services.bench.hybrid_bench import BenchError, LoadOptions, MeshTarget, mesh_json
+from services.bench.loadgen import (
+    CONFIGURATIONS,
+    LoadRun,
+    RequestRecord,
+    run_closed_loop,
+    run_open_loop,
+)
+from services.bench.metrics import latency
+from services.bench.overload_report import overload_summary, table_rows, targets
+from services.bench.scenarios import RequestSequence, Scenario, arrival_times, schedule_digest
+from services.common.errors import ConfigError
+from services.workload import TRAFFIC_MIX, WorkloadItem
+
+PRIORITY_MIX: Mapping[str, float] = {"interactive": 0.6, "batch": 0.3, "critical": 0.1}
+UNLOADED_CLIENTS = 2
+RAMP_START_RPS = 0.5  # the least the ramp starts at (else the unloaded pass's rate)
+RAMP_FACTOR = 2.0
+RAMP_STEP_S = 2.0
+SETTLE_S = 1.0  # between phases: chats a closed loop cancelled leave the tiers
+MAX_IN_FLIGHT = 2048  # the generator's own cap: far over what the router admits (max_inflight)
+NO_KEYS = (
+    "not measured: the bench's mesh runs without API keys, and the router's fair share "
+    "(FAIR_SHARE) is per key"
+)
+
+
+OVERLOAD = "overload"  # the scenario's name in `tiermesh bench --scenario`
+
+
+def add_overload_options(bench: argparse.ArgumentParser) -> None:
+    """The options only `--scenario overload` reads."""
+    group = bench.add_argument_group("--scenario overload")
+    group.add_argument("--load", type=float, metavar="X", help="offered load: X times capacity")
+    group.add_argument(
+        "--capacity-s", type=float, default=16.0, metavar="S", help="longest capacity ramp, s"
+    )
+    group.add_argument(
+        "--capacity-ttft-ms",
+        type=float,
+        default=1000.0,
+        metavar="MS",
+        help="capacity: the highest rate with TTFT p99 under this, no refusal, no step-down",
+    )
+    group.add_argument(
+        "--echo-max-running",
+        type=int,
+        metavar="N",
+        help="--engine echo: each echo tier's running slots (default 2048: never full)",
+    )
+    group.add_argument(
+        "--echo-max-queued", type=int, metavar="N", help="--engine echo: each echo tier's queue"
+    )
+    group.add_argument(
+        "--unloaded-s", type=float, default=15.0, metavar="S", help="unloaded pass, s"
+    )
+
+
+def priority_of(seed: int, mix: Mapping[str, float] = PRIORITY_MIX) -> Callable[[int], str]:
+    """The priority of request i: drawn by the mix from a generator seeded by (seed, i), so it
+    is the same in every run whatever else changes."""
+    names = list(mix)
+    weights = [mix[n] for n in names]
+
+    def pick(index: int) -> str:
+        return random.Random(f"priority:{seed}:{index}").choices(names, weights)[0]
+
+    return pick
+
+
+def next_rate(served: Sequence[float], refused: Sequence[float], factor: float) -> float:
+    """The ramp's next rate: `factor` times the highest served so far until a rate is not
+    served, then the geometric middle between the highest served and the lowest not served."""
+    if not refused:
+        return max(served) * factor
+    low = max(served, default=min(refused) / factor**2)
+    return math.sqrt(low * min(refused))
+
+
+def capacity_step_ok(
+    records: Sequence[RequestRecord], ttft_bound_ms: float
+) -> tuple[bool, dict[str, Any]]:
+    """Whether one ramp step was served: every chat answered, none stepped down, TTFT p99
+    within the bound; and the step's numbers."""
+    answered = [r for r in records if r.ok]
+    p99 = latency(records)["ttft_ms"]["p99"]
+    stepped = sum(1 for r in records if r.stepped_from)
+    ok = bool(records) and len(answered) == len(records) and not stepped
+    ok = ok and p99 is not None and p99 <= ttft_bound_ms
+    return ok, {
+        "sent": len(records),
+        "answered": len(answered),
+        "stepped_down": stepped,
+        "ttft_ms_p99": p99,
+    }
+
+
+async def find_capacity(
+    client: AsyncRouterClient,
+    sequence: RequestSequence,
+    load: LoadOptions,
+    *,
+    budget_s: float,
+    ttft_bound_ms: float,
+    seed: int,
+    start_rps: float = RAMP_START_RPS,
+    factor: float = RAMP_FACTOR,
+    step_s: float = RAMP_STEP_S,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """The open-loop ramp: step_s of routed interactive chats at each rate (budget_s of steps
+    in all), from start_rps, each step's rate next_rate's; capacity_rps is the highest rate
+    served, with the steps and a warning when it is only a bound."""
+    steps = max(1, int(budget_s // step_s))
+    served: list[float] = []
+    refused: list[float] = []
+    rows: list[dict[str, Any]] = []
+    rate = start_rps
+    for k in range(steps):
+        scenario = Scenario("capacity", "constant", rate, step_s, 0.0, TRAFFIC_MIX, seed + k)
+        run = LoadRun(client, CONFIGURATIONS["hybrid"], load.max_tokens, load.timeout_s)
+        records = await run_open_loop(run, arrival_times(scenario), sequence, MAX_IN_FLIGHT)
+        ok, row = capacity_step_ok(records, ttft_bound_ms)
+        rows.append({"rate_rps": round(rate, 3), "served": ok, **row})
+        if progress is not None:
+            progress(f"capacity ramp: {rate:.3g} req/s {'served' if ok else 'not served'}")
+        (served if ok else refused).append(rate)
+        await asyncio.sleep(SETTLE_S)
+        rate = next_rate(served, refused, factor)
+    capacity = round(max(served), 3) if served else None
+    warnings = []
+    if capacity is None:
+        capacity = round(min(refused), 3)
+        warnings.append(
+            f"no ramp step was served: capacity taken as the lowest rate tried, {capacity:g} "
+            "req/s, an upper bound"
+        )
+    elif not refused:
+        warnings.append(
+            f"every ramp step was served: capacity {capacity:g} req/s is a lower "
+            "bound (a longer --capacity-s ramps higher)"
+        )
+    return {"capacity_rps": capacity, "ramp": rows, "warnings": warnings}
+
+
+async def run_overload(
+    target: MeshTarget,
+    *,
+    load_x: float,
+    duration_s: float,
+    seed: int,
+    load: LoadOptions,
+    capacity_s: float,
+    unloaded_s: float,
+    ttft_bound_ms: float,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """The three phases; returns the report object."""
+    if load_x <= 0 or duration_s <= 0 or capacity_s <= 0 or unloaded_s <= 0:
+        raise BenchError("--load, --duration, --capacity-s and --unloaded-s must be > 0")
+    say = progress or (lambda _text: None)
+    sequence = RequestSequence(TRAFFIC_MIX, seed)
+    hybrid = CONFIGURATIONS["hybrid"]
+    async with AsyncRouterClient(target.router) as client:
+        say(f"unloaded pass: {UNLOADED_CLIENTS} clients for {unloaded_s:g} s")
+        run = LoadRun(client, hybrid, load.max_tokens, load.timeout_s)
+        unloaded = await run_closed_loop(run, sequence, UNLOADED_CLIENTS, unloaded_s)
+        await asyncio.sleep(SETTLE_S)
+        capacity = await find_capacity(
+            client,
+            sequence,
+            load,
+            budget_s=capacity_s,
+            start_rps=max(RAMP_START_RPS, sum(1 for r in unloaded if r.ok) / unloaded_s),
+            ttft_bound_ms=ttft_bound_ms,
+            seed=seed + 1000,
+            progress=say,
+        )
+        await asyncio.sleep(SETTLE_S)
+        rate = capacity["capacity_rps"] * load_x
+        scenario = Scenario("overload", "constant", rate, duration_s, 0.0, TRAFFIC_MIX, seed)
+        arrivals = arrival_times(scenario)
+        say(
+            f"overload: {load_x:g} x {capacity['capacity_rps']:g} = {rate:g} req/s for "
+            f"{duration_s:g} s ({len(arrivals)} chats)"
+        )
+        run = LoadRun(
+            client, hybrid, load.max_tokens, load.timeout_s, priority_of=priority_of(seed)
+        )
+        records = await run_open_loop(run, arrivals, sequence, MAX_IN_FLIGHT)
+    items: dict[str, WorkloadItem] = {
+        sequence[r.index].id: sequence[r.index] for r in (*records, *unloaded)
+    }
+    summary = overload_summary(records, unloaded, items)
+    report: dict[str, Any] = {
+        "benchmark": "overload",
+        "version": 1,
+        "capacity_rps": capacity["capacity_rps"],
+        "load": load_x,
+        "rate_rps": round(rate, 3),
+        "duration_s": duration_s,
+        **{k: v for k, v in summary.items()},
+        "per_key_share": None,
+        "per_key_share_note": NO_KEYS,
+        "targets": targets(summary),
+        "scenario": {
+            "mix": dict(TRAFFIC_MIX),
+            "priority_mix": dict(PRIORITY_MIX),
+            "seed": seed,
+            "requests_scheduled": len(arrivals),
+            "schedule_digest": schedule_digest(arrivals, sequence),
+            "max_tokens": load.max_tokens,
+            "timeout_s": load.timeout_s,
+            "unloaded_clients": UNLOADED_CLIENTS,
+            "unloaded_s": unloaded_s,
+            "capacity_ttft_bound_ms": ttft_bound_ms,
+        },
+        "capacity": capacity,
+        "mesh": mesh_json(target),
+        "warnings": capacity["warnings"],
+    }
+    return report
+
+
+def print_report(report: Mapping[str, Any], console: Console) -> None:
+    table = Table(
+        title=f"overload: {report['load']:g} x capacity {report['capacity_rps']:g} req/s "
+        f"for {report['duration_s']:g} s"
+    )
+    for column in (
+        "priority",
+        "sent",
+        "answered",
+        "stepped down",
+        "quality vs unloaded",
+        "TTFT p50 / p99 ms",
+    ):
+        table.add_column(column, justify="left" if column == "priority" else "right")
+    for row in table_rows(report):
+        table.add_row(*row)
+    console.print(table)
+    refusal = report["refusal_ms"]
+    console.print(
+        f"refusals: {report['refusals']} (p50 {refusal['p50']} ms, p99 {refusal['p99']} ms); "
+        f"step-downs: {report['step_downs'] or 'none'}; unloaded TTFT p99 "
+        f"{report['unloaded']['ttft_ms']['p99']} ms"
+    )
+    for name, target in report["targets"].items():
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[target["met"]]
+        console.print(f"target {name}: {target['value']} vs {target['target']}: {verdict}")
+    console.print(f"per_key_share: {report['per_key_share_note']}")
+    for warning in report.get("warnings", []):
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+def run_overload_command(
+    args: argparse.Namespace, console: Console, mesh: Callable[[], Any]
+) -> int:
+    """`tiermesh bench --scenario overload`: `mesh()` is the context manager of the mesh to
+    drive (the bench's own, or --router's)."""
+    load = LoadOptions(args.max_tokens, args.timeout)
+    try:
+        if args.load is None:
+            raise BenchError("--scenario overload needs --load X (times the measured capacity)")
+        with mesh() as target:
+            report = asyncio.run(
+                run_overload(
+                    target,
+                    load_x=args.load,
+                    duration_s=args.duration or 60.0,
+                    seed=args.seed,
+                    load=load,
+                    capacity_s=args.capacity_s,
+                    unloaded_s=args.unloaded_s,
+                    ttft_bound_ms=args.capacity_ttft_ms,
+                    progress=functools.partial(console.print, style="dim"),
+                )
+            )
+    except (BenchError, ConfigError, ValueError) as e:
+        console.print(f"[red]tiermesh bench:[/red] {e}")
+        return 2
+    print_report(report, console)
+    if args.json:
+        print(json.dumps(report))
+    return 0

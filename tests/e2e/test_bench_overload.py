@@ -1,0 +1,51 @@
+"""`tiermesh bench --scenario overload` end to end at a tiny scale: its own mesh of echo tiers
+with 4 running slots and 8 queued each, an unloaded pass, a two-step capacity ramp and 4x that
+rate for a few seconds; the JSON's shape, and overload moving or refusing chats. (The numbers
+are for the benchmark, not the test.)"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.e2e.run_process import ROOT, TIERMESH, json_command
+
+PRIORITIES = ("interactive", "batch", "critical")
+
+
+@pytest.mark.timeout(300)
+def test_overload_scenario_with_small_echo_tiers(tmp_path) -> None:
+    command = ["bench", "--scenario", "overload", "--load", "4", "--duration", "3"]
+    command += ["--capacity-s", "4", "--unloaded-s", "2", "--max-tokens", "20"]
+    command += ["--engine", "echo", "--echo-tokens-per-s", "10"]
+    command += ["--echo-max-running", "4", "--echo-max-queued", "8", "--json"]
+    report, _ = json_command(command, tmp_path / "run", timeout=280)
+    assert report["benchmark"] == "overload" and report["load"] == 4.0
+    assert report["capacity_rps"] > 0
+    assert report["rate_rps"] == pytest.approx(4 * report["capacity_rps"], rel=1e-3)
+    for priority in PRIORITIES:
+        row = report[priority]
+        assert set(row) >= {"sent", "answered_share", "stepped_down_share"}
+        assert set(row) >= {"quality_vs_unloaded", "ttft_ms"}
+        assert set(row["ttft_ms"]) == {"p50", "p99"}
+    assert sum(report[p]["sent"] for p in PRIORITIES) == report["scenario"]["requests_scheduled"]
+    assert set(report["refusal_ms"]) == {"p50", "p99"}
+    assert all("->" in move for move in report["step_downs"])
+    # past capacity the router moves interactive chats to another tier, or refuses some
+    assert report["step_downs"] or report["refusals"] > 0
+    assert report["per_key_share"] is None and "API keys" in report["per_key_share_note"]
+    assert set(report["targets"]) == {
+        "interactive_answered_share",
+        "interactive_quality_vs_unloaded",
+        "critical_ttft_p99_x_unloaded",
+        "refusal_p99_ms",
+    }
+    assert report["unloaded"]["answered"] > 0 and report["capacity"]["ramp"]
+
+
+def test_overload_needs_a_load() -> None:
+    command = [*TIERMESH, "bench", "--scenario", "overload", "--engine", "echo"]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "--scenario overload needs --load X" in run.stdout + run.stderr

@@ -1,0 +1,128 @@
+"""The numbers of `tiermesh bench --scenario overload` (services/bench/overload_report.py) on
+plain records: shares of sent per priority, step-downs counted from the route decisions'
+stepped_from and tier, nearest-rank percentiles of TTFT and of the time to a refusal, quality
+against the same requests answered unloaded, and the targets judged from them."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.bench.loadgen import RequestRecord
+from services.bench.overload_bench import next_rate, priority_of
+from services.bench.overload_report import (
+    ms_percentiles,
+    overload_summary,
+    step_downs,
+    table_rows,
+    targets,
+)
+from services.workload import WorkloadItem
+
+ITEMS = {
+    f"q{i}": WorkloadItem(f"q{i}", "simple", f"prompt {i}", f"answer {i}", f"answer {i}")
+    for i in range(10)
+}
+
+
+def _answered(index: int, priority: str, ttft_s: float, text: str, **route: str) -> RequestRecord:
+    record = RequestRecord(index, f"q{index}", "simple", 0.0, sent_at_s=1.0, priority=priority)
+    record.ttft_s, record.final_s, record.finished_at_s, record.text = ttft_s, 0.5, 1.5, text
+    record.routed_tier = route.get("tier", "small")
+    record.stepped_from = route.get("stepped_from", "")
+    return record
+
+
+def _refused(index: int, priority: str, after_s: float, reason: str) -> RequestRecord:
+    record = RequestRecord(index, f"q{index}", "simple", 0.0, sent_at_s=2.0, priority=priority)
+    record.status, record.error_reason, record.finished_at_s = (
+        "RESOURCE_EXHAUSTED",
+        reason,
+        2.0 + after_s,
+    )
+    return record
+
+
+def test_step_downs_count_moves_by_from_and_to_tier() -> None:
+    records = [
+        _answered(0, "interactive", 0.1, "", tier="medium", stepped_from="large"),
+        _answered(1, "interactive", 0.1, "", tier="medium", stepped_from="large"),
+        _answered(2, "interactive", 0.1, "", tier="small", stepped_from="medium"),
+        _answered(3, "interactive", 0.1, "", tier="medium", stepped_from="small"),  # stepped up
+        _answered(4, "critical", 0.1, "", tier="large"),
+    ]
+    assert step_downs(records) == {"large->medium": 2, "medium->small": 1, "small->medium": 1}
+
+
+def test_percentiles_are_nearest_rank_in_milliseconds() -> None:
+    values = [i / 1000 for i in range(1, 101)]  # 1..100 ms
+    assert ms_percentiles(values) == {"p50": 50.0, "p99": 99.0}
+    assert ms_percentiles([0.004, None]) == {"p50": 4.0, "p99": 4.0}
+    assert ms_percentiles([]) == {"p50": None, "p99": None}
+
+
+def test_summary_shares_quality_refusals_and_targets() -> None:
+    # unloaded: requests 0-5 answered right except 5 (wrong), 6 not answered
+    unloaded = [_answered(i, "interactive", 0.010, f"answer {i}") for i in range(5)]
+    unloaded += [_answered(5, "interactive", 0.020, "wrong"), _refused(6, "interactive", 0.001, "")]
+    loaded = [
+        _answered(0, "interactive", 0.030, "answer 0"),
+        _answered(1, "interactive", 0.050, "wrong", tier="small", stepped_from="medium"),
+        _answered(5, "interactive", 0.040, "answer 5"),  # right now, wrong unloaded
+        _refused(7, "interactive", 0.002, "OVERLOADED"),
+        _answered(2, "batch", 0.100, "answer 2"),
+        _refused(8, "batch", 0.003, ""),
+        _refused(9, "batch", 0.060, "FAIR_SHARE"),
+        _answered(3, "critical", 0.030, "answer 3"),
+        _answered(4, "critical", 0.034, "answer 4"),
+    ]
+    summary = overload_summary(loaded, unloaded, ITEMS)
+    interactive, batch, critical = summary["interactive"], summary["batch"], summary["critical"]
+    assert interactive["sent"] == 4 and interactive["answered_share"] == 0.75
+    assert interactive["stepped_down_share"] == 0.25
+    # matched: 0 (1 vs 1), 1 (0 vs 1), 5 (1 vs 0): 2 right loaded over 2 right unloaded
+    assert interactive["quality_vs_unloaded"] == 1.0 and interactive["quality_matched"] == 3
+    assert interactive["ttft_ms"] == {"p50": 40.0, "p99": 50.0}
+    assert interactive["refused"] == {"OVERLOADED": 1}
+    assert batch["sent"] == 3 and batch["answered_share"] == pytest.approx(0.3333)
+    assert batch["refused"] == {"-": 1, "FAIR_SHARE": 1}
+    assert critical["answered_share"] == 1.0 and critical["stepped_down_share"] == 0.0
+    assert critical["quality_vs_unloaded"] == 1.0
+    assert summary["refusals"] == 3
+    assert summary["refusal_ms"] == {"p50": pytest.approx(3.0), "p99": pytest.approx(60.0)}
+    assert summary["step_downs"] == {"medium->small": 1}
+    assert summary["unloaded"]["sent"] == 7 and summary["unloaded"]["answered"] == 6
+    assert summary["unloaded"]["ttft_ms"]["p99"] == 20.0
+
+    judged = targets(summary)
+    assert judged["interactive_answered_share"] == {"value": 0.75, "target": 0.99, "met": False}
+    assert judged["interactive_quality_vs_unloaded"]["met"] is True
+    assert judged["critical_ttft_p99_x_unloaded"] == {"value": 1.7, "target": 2.0, "met": True}
+    assert judged["refusal_p99_ms"]["met"] is False  # 60 ms
+    rows = table_rows(summary)
+    assert rows[0] == ["interactive", "4", "75.0%", "25.0%", "1.000 (n=3)", "40 / 50"]
+
+
+def test_quality_is_none_when_unloaded_got_none_right() -> None:
+    unloaded = [_answered(0, "interactive", 0.01, "wrong")]
+    loaded = [_answered(0, "interactive", 0.01, "answer 0")]
+    summary = overload_summary(loaded, unloaded, ITEMS)
+    assert summary["interactive"]["quality_vs_unloaded"] is None
+    assert summary["batch"]["sent"] == 0 and summary["batch"]["answered_share"] is None
+    assert targets(summary)["refusal_p99_ms"]["met"] is True  # no refusal at all
+
+
+def test_priorities_are_seeded_per_request_and_follow_the_mix() -> None:
+    pick = priority_of(7)
+    drawn = [pick(i) for i in range(3000)]
+    assert drawn == [priority_of(7)(i) for i in range(3000)]
+    assert drawn != [priority_of(8)(i) for i in range(3000)]
+    shares = {p: drawn.count(p) / len(drawn) for p in ("interactive", "batch", "critical")}
+    assert shares["interactive"] == pytest.approx(0.6, abs=0.03)
+    assert shares["batch"] == pytest.approx(0.3, abs=0.03)
+    assert shares["critical"] == pytest.approx(0.1, abs=0.02)
+
+
+def test_the_ramp_doubles_then_halves_the_gap() -> None:
+    assert next_rate([1.0], [], 2.0) == 2.0
+    assert next_rate([1.0, 2.0], [4.0], 2.0) == pytest.approx(8**0.5)
+    assert next_rate([], [4.0], 2.0) == pytest.approx(2.0)
