@@ -24,6 +24,7 @@ import asyncio
 import functools
 import json
 import math
+import os
 import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -233,6 +234,8 @@ async def run_overload(
         "load": load_x,
         "rate_rps": round(rate, 3),
         "duration_s": duration_s,
+        # what the mesh answered under the overload, against the ramp's capacity_rps
+        "answered_rps": round(sum(1 for r in records if r.ok) / duration_s, 3),
         **{k: v for k, v in summary.items()},
         "per_key_share": None,
         "per_key_share_note": NO_KEYS,
@@ -251,6 +254,7 @@ async def run_overload(
         },
         "capacity": capacity,
         "mesh": mesh_json(target),
+        "machine": {"cpus": os.cpu_count(), "loadavg_1m_at_end": round(os.getloadavg()[0], 2)},
         "warnings": capacity["warnings"],
     }
     return report
@@ -275,6 +279,7 @@ def print_report(report: Mapping[str, Any], console: Console) -> None:
     console.print(table)
     refusal = report["refusal_ms"]
     console.print(
+        f"answered {report['answered_rps']:g} chats/s; "
         f"refusals: {report['refusals']} (p50 {refusal['p50']} ms, p99 {refusal['p99']} ms); "
         f"step-downs: {report['step_downs'] or 'none'}; unloaded TTFT p99 "
         f"{report['unloaded']['ttft_ms']['p99']} ms"

@@ -22,7 +22,7 @@ def test_overload_scenario_with_small_echo_tiers(tmp_path) -> None:
     command += ["--echo-max-running", "4", "--echo-max-queued", "8", "--json"]
     report, _ = json_command(command, tmp_path / "run", timeout=280)
     assert report["benchmark"] == "overload" and report["load"] == 4.0
-    assert report["capacity_rps"] > 0
+    assert report["capacity_rps"] > 0 and report["answered_rps"] > 0
     assert report["rate_rps"] == pytest.approx(4 * report["capacity_rps"], rel=1e-3)
     for priority in PRIORITIES:
         row = report[priority]
