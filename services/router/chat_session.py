@@ -61,7 +61,8 @@ class ChatSession:
         self._room = room
         named = {*plan.tiers, *plan.fallbacks, *filter(None, [plan.fallback_tier])}
         replicas = {tier: len(tiers.endpoints(tier)) for tier in named}
-        deadline = None if time_remaining_s is None else clock.start + time_remaining_s
+        # the deadline from now: time_remaining_s was read just before (after any wait to plan)
+        deadline = None if time_remaining_s is None else time.perf_counter() + time_remaining_s
         self._core = SessionCore(plan, replicas, refine_budget_s, clock, deadline, call_timeout_s)
         self._calls: dict[int, TierCall] = {}
         self._reading: dict[int, Chunks] = {}  # the calls the core reads, by its ids

@@ -113,7 +113,9 @@ async def start_router(
     security = security or ServiceSecurity()
     security.check_listen(config.host, "router")
     channels = TierChannels(config.tiers, security.channel_credentials())
-    watcher = TierLoadWatcher(channels, config.load_watch_interval_ms, config.load_stale_ms)
+    watcher = TierLoadWatcher(
+        channels, config.load_watch_interval_ms, config.load_stale_ms, config.loading_wait_s
+    )
     outliers = OutlierDetector(
         config.eject_after_failures,
         config.ejection_base_ms / 1000,

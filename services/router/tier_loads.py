@@ -75,8 +75,19 @@ class LiveLoads(Mapping[str, TierLoad | None]):
 
 
 class TierLoadWatcher:
-    def __init__(self, channels: TierChannels, interval_ms: int, stale_ms: int = 1000) -> None:
+    def __init__(
+        self,
+        channels: TierChannels,
+        interval_ms: int,
+        stale_ms: int = 1000,
+        starting_s: float = 60.0,
+    ) -> None:
+        """`starting_s`: for so long after the watcher starts, a replica that has never served
+        counts as starting (loading), not down: tiers launched with the router come up late."""
         self._channels = channels
+        self._started_at = time.monotonic()
+        self._starting_s = starting_s
+        self._served: set[str] = set()  # replicas that have served since the watcher started
         self._interval_ms = interval_ms
         self._stale_s = stale_ms / 1000
         self.replicas = dict(channels.replicas)
@@ -130,9 +141,14 @@ class TierLoadWatcher:
         return None
 
     def endpoint_loading(self, endpoint: str) -> bool:
-        """Whether the replica is up but not serving yet (loading its model), not draining."""
+        """Whether the replica will serve soon: up but not serving yet (loading its model), or
+        not answering yet while it has never served and the router is young (a tier process
+        still starting). Never one that drains."""
         if endpoint in self._draining:
             return False
+        young = time.monotonic() - self._started_at < self._starting_s
+        if endpoint not in self._served and young:
+            return True
         health = self._health.get(endpoint)
         load = self.reported.get(endpoint)
         return (health is not None and health != "SERVING") or (
@@ -191,6 +207,8 @@ class TierLoadWatcher:
                 async for status in call:
                     before = self.reported[endpoint]
                     self.reported[endpoint] = load_from_status(status)
+                    if status.serving:
+                        self._served.add(endpoint)
                     if before is None or before.serving != status.serving:
                         self._pulse()
                     self._calls_since_report[endpoint] = 0
@@ -228,6 +246,8 @@ class TierLoadWatcher:
                     status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
                     if self._health.get(endpoint) != status:
                         self._pulse()
+                    if status == "SERVING":
+                        self._served.add(endpoint)
                     self._health[endpoint] = status
                     self._draining.discard(endpoint)
                     if status == "SERVING":

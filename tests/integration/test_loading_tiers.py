@@ -74,3 +74,33 @@ async def test_a_chat_waits_for_a_loading_tier(tiny_model_dir: Path, wait_s: flo
             await router.stop(0)
         tier = tier or await loading
         await tier.stop(0)
+
+
+async def test_a_chat_waits_for_a_tier_process_that_is_not_up_yet(tiny_model_dir: Path) -> None:
+    """The router starts before its tier listens (a tier process still importing its model
+    code): a chat sent then is answered once the tier comes up, not refused at once."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    options = {"port": 0, "tiers": {"small": address, "large": address}, "fallback": {}}
+    router = await start_router(build_config(RouterConfig, options))
+    tier: TierServer | None = None
+    try:
+        config = build_config(
+            TierConfig,
+            {"name": "small", "model_path": str(tiny_model_dir), "port": port, "metrics_port": 0},
+        )
+        started = time.monotonic()
+        async with AsyncRouterClient(router.address) as client:
+            chat = asyncio.create_task(
+                client.chat("Hello?", mode="pinned", tier="small", timeout=30)
+            )
+            await asyncio.sleep(HELD_S)
+            assert not chat.done()  # waiting for the tier, not refused
+            tier = await start_tier(config)
+            result = await chat
+        assert result.tier == "small" and result.final.reason == "answered by small"
+        assert time.monotonic() - started >= HELD_S
+    finally:
+        await router.stop(0)
+        if tier is not None:
+            await tier.stop(0)
