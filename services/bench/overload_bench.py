@@ -3,12 +3,13 @@
 Three phases against one mesh, all on the same seeded request sequence (the workload's traffic
 mix):
 
-1. unloaded: a closed loop of UNLOADED_CLIENTS routed interactive chats for a few seconds: the
-   answers and TTFT every loaded chat is compared with (request i of the sequence both times);
-2. capacity: an open-loop ramp of routed interactive chats in RAMP_STEP_S steps from the unloaded
-   pass's rate, doubling until a step is not served (a refusal, a step-down or TTFT p99 over the
-   bound), then halving the gap (geometric middle) for the steps --capacity-s leaves; the
+1. capacity: an open-loop ramp of routed interactive chats in RAMP_STEP_S steps from
+   RAMP_START_RPS, doubling until a step is not served (a refusal, a step-down or TTFT p99 over
+   the bound), then halving the gap (geometric middle) for the steps --capacity-s leaves; the
    capacity is the highest rate served;
+2. unloaded: a closed loop of UNLOADED_CLIENTS routed interactive chats for a few seconds over
+   every stride-th request of the sequence, the stride spreading them over the whole overload
+   run: the answers and TTFT the loaded chats are compared with (the same request i both times);
 3. overload: X times that rate, open loop (seeded Poisson arrivals) for the duration, each chat
    at a seeded priority (PRIORITY_MIX), every chat measured.
 
@@ -27,7 +28,7 @@ import math
 import os
 import random
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from rich.console import Console
 from rich.table import Table
@@ -49,7 +50,7 @@ from services.workload import TRAFFIC_MIX, WorkloadItem
 
 PRIORITY_MIX: Mapping[str, float] = {"interactive": 0.6, "batch": 0.3, "critical": 0.1}
 UNLOADED_CLIENTS = 2
-RAMP_START_RPS = 0.5  # the least the ramp starts at (else the unloaded pass's rate)
+RAMP_START_RPS = 2.0
 RAMP_FACTOR = 2.0
 RAMP_STEP_S = 2.0
 SETTLE_S = 1.0  # between phases: chats a closed loop cancelled leave the tiers
@@ -112,6 +113,23 @@ def next_rate(served: Sequence[float], refused: Sequence[float], factor: float) 
     return math.sqrt(low * min(refused))
 
 
+class Strided:
+    """Every stride-th request of a sequence: request k is the sequence's k * stride."""
+
+    def __init__(self, sequence: RequestSequence, stride: int) -> None:
+        self.sequence, self.stride = sequence, stride
+
+    def __getitem__(self, index: int) -> WorkloadItem:
+        return self.sequence[index * self.stride]
+
+
+def unloaded_stride(requests: int, chat_s: float | None, unloaded_s: float) -> int:
+    """The stride that spreads the unloaded pass (UNLOADED_CLIENTS closed-loop clients for
+    unloaded_s, chats of about chat_s) over `requests` requests."""
+    expected = UNLOADED_CLIENTS * unloaded_s / max(chat_s or 0.0, 0.001)
+    return max(1, int(requests / expected))
+
+
 def capacity_step_ok(
     records: Sequence[RequestRecord], ttft_bound_ms: float
 ) -> tuple[bool, dict[str, Any]]:
@@ -148,6 +166,7 @@ async def find_capacity(
     served, with the steps and a warning when it is only a bound."""
     steps = max(1, int(budget_s // step_s))
     served: list[float] = []
+    answered: list[RequestRecord] = []
     refused: list[float] = []
     rows: list[dict[str, Any]] = []
     rate = start_rps
@@ -156,6 +175,7 @@ async def find_capacity(
         run = LoadRun(client, CONFIGURATIONS["hybrid"], load.max_tokens, load.timeout_s)
         records = await run_open_loop(run, arrival_times(scenario), sequence, MAX_IN_FLIGHT)
         ok, row = capacity_step_ok(records, ttft_bound_ms)
+        answered += [r for r in records if r.ok]
         rows.append({"rate_rps": round(rate, 3), "served": ok, **row})
         if progress is not None:
             progress(f"capacity ramp: {rate:.3g} req/s {'served' if ok else 'not served'}")
@@ -163,6 +183,7 @@ async def find_capacity(
         await asyncio.sleep(SETTLE_S)
         rate = next_rate(served, refused, factor)
     capacity = round(max(served), 3) if served else None
+    chats_s = [r.final_s for r in answered if r.final_s is not None]
     warnings = []
     if capacity is None:
         capacity = round(min(refused), 3)
@@ -175,7 +196,13 @@ async def find_capacity(
             f"every ramp step was served: capacity {capacity:g} req/s is a lower "
             "bound (a longer --capacity-s ramps higher)"
         )
-    return {"capacity_rps": capacity, "ramp": rows, "warnings": warnings}
+    return {
+        "capacity_rps": capacity,
+        # a chat's mean length during the ramp: sizes the unloaded pass's stride
+        "chat_s": round(sum(chats_s) / len(chats_s), 4) if chats_s else None,
+        "ramp": rows,
+        "warnings": warnings,
+    }
 
 
 async def run_overload(
@@ -197,16 +224,11 @@ async def run_overload(
     sequence = RequestSequence(TRAFFIC_MIX, seed)
     hybrid = CONFIGURATIONS["hybrid"]
     async with AsyncRouterClient(target.router) as client:
-        say(f"unloaded pass: {UNLOADED_CLIENTS} clients for {unloaded_s:g} s")
-        run = LoadRun(client, hybrid, load.max_tokens, load.timeout_s)
-        unloaded = await run_closed_loop(run, sequence, UNLOADED_CLIENTS, unloaded_s)
-        await asyncio.sleep(SETTLE_S)
         capacity = await find_capacity(
             client,
             sequence,
             load,
             budget_s=capacity_s,
-            start_rps=max(RAMP_START_RPS, sum(1 for r in unloaded if r.ok) / unloaded_s),
             ttft_bound_ms=ttft_bound_ms,
             seed=seed + 1000,
             progress=say,
@@ -215,6 +237,14 @@ async def run_overload(
         rate = capacity["capacity_rps"] * load_x
         scenario = Scenario("overload", "constant", rate, duration_s, 0.0, TRAFFIC_MIX, seed)
         arrivals = arrival_times(scenario)
+        stride = unloaded_stride(len(arrivals), capacity["chat_s"], unloaded_s)
+        say(f"unloaded pass: {UNLOADED_CLIENTS} clients for {unloaded_s:g} s, every {stride}th")
+        run = LoadRun(client, hybrid, load.max_tokens, load.timeout_s)
+        strided = cast(RequestSequence, Strided(sequence, stride))
+        unloaded = await run_closed_loop(run, strided, UNLOADED_CLIENTS, unloaded_s)
+        for record in unloaded:  # request k of the pass is request k * stride of the sequence
+            record.index *= stride
+        await asyncio.sleep(SETTLE_S)
         say(
             f"overload: {load_x:g} x {capacity['capacity_rps']:g} = {rate:g} req/s for "
             f"{duration_s:g} s ({len(arrivals)} chats)"
@@ -250,6 +280,7 @@ async def run_overload(
             "timeout_s": load.timeout_s,
             "unloaded_clients": UNLOADED_CLIENTS,
             "unloaded_s": unloaded_s,
+            "unloaded_stride": stride,
             "capacity_ttft_bound_ms": ttft_bound_ms,
         },
         "capacity": capacity,

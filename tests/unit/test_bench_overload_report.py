@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from services.bench.loadgen import RequestRecord
-from services.bench.overload_bench import next_rate, priority_of
+from services.bench.overload_bench import Strided, next_rate, priority_of, unloaded_stride
 from services.bench.overload_report import (
     ms_percentiles,
     overload_summary,
@@ -16,6 +16,7 @@ from services.bench.overload_report import (
     table_rows,
     targets,
 )
+from services.bench.scenarios import RequestSequence
 from services.workload import WorkloadItem
 
 ITEMS = {
@@ -126,3 +127,13 @@ def test_the_ramp_doubles_then_halves_the_gap() -> None:
     assert next_rate([1.0], [], 2.0) == 2.0
     assert next_rate([1.0, 2.0], [4.0], 2.0) == pytest.approx(8**0.5)
     assert next_rate([], [4.0], 2.0) == pytest.approx(2.0)
+
+
+def test_the_unloaded_pass_is_spread_over_the_whole_run() -> None:
+    # 2 clients for 10 s of 0.5 s chats: about 40 chats, over 4,000 requests
+    assert unloaded_stride(4000, 0.5, 10.0) == 100
+    assert unloaded_stride(10, 0.5, 10.0) == 1
+    assert unloaded_stride(4000, None, 10.0) == 1
+    sequence = RequestSequence({"simple": 1.0}, 3, pools={"simple": list(ITEMS.values())})
+    strided = Strided(sequence, 3)
+    assert [strided[k].id for k in range(3)] == [sequence[0].id, sequence[3].id, sequence[6].id]
