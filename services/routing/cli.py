@@ -60,6 +60,12 @@ def register(commands: Any) -> None:
     evaluate.add_argument("--json", action="store_true", help="one JSON object as the last line")
     evaluate.add_argument("--out", type=Path, default=Path("report/route-eval"))
     evaluate.add_argument("--feedback", type=int, default=3000, help="adaptive feedback requests")
+    evaluate.add_argument(
+        "--drift",
+        action="store_true",
+        help="a seeded stream whose mix changes midway, each policy learning as it routes",
+    )
+    evaluate.add_argument("--seed", type=int, default=0, help="--drift: the stream's seed")
     evaluate.set_defaults(func=cmd_route_eval)
 
 
@@ -161,6 +167,8 @@ def cmd_route_eval(args: argparse.Namespace) -> int:
     except FileNotFoundError as e:
         console.print(f"[red]route-eval:[/red] {e}")
         return 2
+    if args.drift:
+        return _drift(args, outcomes, config, console)
     with console.status("evaluating policies…"):
         report = route_eval(
             outcomes,
@@ -231,3 +239,62 @@ def _print_table(report: dict[str, Any], console: Console) -> None:
         beat = next((p["feedback"] for p in curve if p["reward"] > best["reward"]), None)
         verdict = f"adaptive first above it after {beat}" if beat is not None else "not beaten"
         console.print(f"  {label}: {best['reward']:.3f} ({verdict})")
+
+
+def _drift(
+    args: argparse.Namespace, outcomes: list[Any], config: RouterConfig, console: Console
+) -> int:
+    from services.router.complexity_model import ComplexityModel
+    from services.routing.drift import drift_eval
+
+    with console.status("replaying the drift stream…"):
+        report = drift_eval(
+            outcomes,
+            ComplexityModel.load(),
+            config.tier_costs,
+            config.adaptive_cost_weight,
+            seed=args.seed,
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "drift.json").write_text(json.dumps(report, indent=1))
+    _print_drift(report["drift"], console)
+    console.print(f"JSON in {args.out}/drift.json")
+    if args.json:
+        print(json.dumps(report))
+    return 0
+
+
+def _mix(mix: dict[str, float]) -> str:
+    return ", ".join(f"{group} {share:.0%}" for group, share in mix.items())
+
+
+def _print_drift(drift: dict[str, Any], console: Console) -> None:
+    after = drift["requests"] - drift["change_at"]
+    title = (
+        f"the {after} requests after the mix changes at request {drift['change_at']} "
+        f"(seed {drift['seed']}; 95% bootstrap intervals)"
+    )
+    table = Table(title=title)
+    columns = ("policy", "accuracy", "cost vs large", "reward", "vs best static", "before")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    best = drift["best_static_after"]
+    rows = [*drift["policies"], {"name": "best_static_after", "after": best}]
+    for row in rows:
+        figures = row["after"]
+        gap = figures["reward_vs_best_static"]
+        low, high = figures["reward_vs_best_static_ci95"]
+        table.add_row(
+            row["name"],
+            _ci(figures, "accuracy", False),
+            _ci(figures, "cost_vs_large", True),
+            _ci(figures, "reward", False),
+            f"{gap:+.3f} [{low:+.3f}, {high:+.3f}]",
+            f"{row['before']['reward']:.3f}" if "before" in row else "-",
+        )
+    console.print(f"before: {_mix(drift['before_mix'])}; after: {_mix(drift['after_mix'])}")
+    console.print(table)
+    console.print(
+        f"best static after (hindsight): small < {best['small_below']:.2f}, "
+        f"medium < {best['medium_below']:.2f}; reward = quality - {drift['cost_weight']} x price"
+    )

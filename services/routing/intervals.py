@@ -59,7 +59,7 @@ def resamples(size: int, seed: int = SEED, count: int = RESAMPLES) -> np.ndarray
     return rng.integers(0, size, size=(count, size), dtype=np.int32)
 
 
-def _bounds(values: np.ndarray) -> list[float]:
+def bounds(values: np.ndarray) -> list[float]:
     tail = (1 - CONFIDENCE) / 2 * 100
     low, high = np.percentile(values, [tail, 100 - tail])
     return [round(float(low), 4), round(float(high), 4)]
@@ -78,13 +78,13 @@ def intervals(policy: PerRequest, large: PerRequest, index: np.ndarray) -> dict[
         quality = np.where(large_accuracy > 0, accuracy / large_accuracy, 0.0)
         cost_ratio = np.where(large_cost > 0, cost / large_cost, 0.0)
     return {
-        "accuracy_ci95": _bounds(accuracy),
-        "cost_ci95": _bounds(cost),
-        "quality_vs_large_ci95": _bounds(quality),
-        "cost_vs_large_ci95": _bounds(cost_ratio),
-        "misroute_rate_ci95": _bounds(too_small + too_big),
-        "misroute_too_small_ci95": _bounds(too_small),
-        "misroute_too_big_ci95": _bounds(too_big),
+        "accuracy_ci95": bounds(accuracy),
+        "cost_ci95": bounds(cost),
+        "quality_vs_large_ci95": bounds(quality),
+        "cost_vs_large_ci95": bounds(cost_ratio),
+        "misroute_rate_ci95": bounds(too_small + too_big),
+        "misroute_too_small_ci95": bounds(too_small),
+        "misroute_too_big_ci95": bounds(too_big),
     }
 
 
