@@ -175,7 +175,8 @@ async def find_capacity(
         run = LoadRun(client, CONFIGURATIONS["hybrid"], load.max_tokens, load.timeout_s)
         records = await run_open_loop(run, arrival_times(scenario), sequence, MAX_IN_FLIGHT)
         ok, row = capacity_step_ok(records, ttft_bound_ms)
-        answered += [r for r in records if r.ok]
+        if k == 0:  # the lowest rate: the chats' length nearest to unloaded
+            answered = [r for r in records if r.ok]
         rows.append({"rate_rps": round(rate, 3), "served": ok, **row})
         if progress is not None:
             progress(f"capacity ramp: {rate:.3g} req/s {'served' if ok else 'not served'}")
@@ -198,7 +199,7 @@ async def find_capacity(
         )
     return {
         "capacity_rps": capacity,
-        # a chat's mean length during the ramp: sizes the unloaded pass's stride
+        # a chat's mean length in the ramp's first step: sizes the unloaded pass's stride
         "chat_s": round(sum(chats_s) / len(chats_s), 4) if chats_s else None,
         "ramp": rows,
         "warnings": warnings,
