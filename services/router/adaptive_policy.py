@@ -64,6 +64,11 @@ class AdaptivePolicy:
         self._b: dict[str, np.ndarray] = {t: np.zeros(dims) for t in tiers}
         self.updates = 0
 
+    @property
+    def model(self) -> ComplexityModel:
+        """The complexity predictor whose reading is part of its context."""
+        return self._model
+
     def context(self, text: str) -> np.ndarray:
         probs = self._model.probabilities(text)
         numbers = min(1.0, len(NUMBER.findall(text)) / 8)

@@ -25,17 +25,28 @@ DEFAULT_ARTIFACT = Path(__file__).with_name("complexity_model.npz")
 _TOKEN = re.compile(r"[a-z]+|\d+|[^\sa-z\d]")
 
 
+def grams(text: str) -> list[str]:
+    """What the predictor sees of a text: word 1-grams ("w:six"), 2-grams ("b:six white") and
+    shape counts (numbers "n:", length in eighths of tokens "l:", commas "c:", "and"s "a:")."""
+    tokens = _TOKEN.findall(text.lower())
+    found = [f"w:{t}" for t in tokens]
+    found += [f"b:{a} {b}" for a, b in itertools.pairwise(tokens)]
+    numbers = sum(t.isdigit() for t in tokens)
+    found += [f"n:{min(numbers, 8)}", f"l:{min(len(tokens) // 8, 10)}"]
+    found += [f"c:{min(text.count(','), 6)}", f"a:{min(tokens.count('and'), 4)}"]
+    return found
+
+
+def gram_index(gram: str) -> int:
+    """The hashed feature a gram falls in (several grams may share one)."""
+    return zlib.crc32(gram.encode()) % DIMENSIONS
+
+
 def features(text: str) -> dict[int, float]:
     """Hashed, L2-normalised sparse features: word 1- and 2-grams plus shape counts."""
-    tokens = _TOKEN.findall(text.lower())
-    grams = [f"w:{t}" for t in tokens]
-    grams += [f"b:{a} {b}" for a, b in itertools.pairwise(tokens)]
-    numbers = sum(t.isdigit() for t in tokens)
-    grams += [f"n:{min(numbers, 8)}", f"l:{min(len(tokens) // 8, 10)}"]
-    grams += [f"c:{min(text.count(','), 6)}", f"a:{min(tokens.count('and'), 4)}"]
     vector: dict[int, float] = {}
-    for gram in grams:
-        index = zlib.crc32(gram.encode()) % DIMENSIONS
+    for gram in grams(text):
+        index = gram_index(gram)
         vector[index] = vector.get(index, 0.0) + 1.0
     norm = float(np.sqrt(sum(v * v for v in vector.values()))) or 1.0
     return {k: v / norm for k, v in vector.items()}

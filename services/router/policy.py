@@ -139,6 +139,11 @@ class InterimHeuristicPolicy:
         self._small_below = small_below
         self._medium_below = medium_below
 
+    @property
+    def thresholds(self) -> tuple[float, float]:
+        """(small_below, medium_below) on the heuristic score."""
+        return self._small_below, self._medium_below
+
     def route(self, request: RoutingInput, loads: Loads) -> RouteChoice:
         score = heuristic_complexity(request.user_text)
         tier, where = band(score, self._small_below, self._medium_below)

@@ -63,6 +63,20 @@ class ThresholdPolicy:
         # index of the fallback tier among the predictor's classes (cheapest correct tier)
         self._fallback_level = TIER_NAMES.index(fallback_tier)
 
+    @property
+    def model(self) -> ComplexityModel:
+        """The complexity predictor it routes by."""
+        return self._model
+
+    @property
+    def thresholds(self) -> tuple[float, float]:
+        """(small_below, medium_below) on the complexity score."""
+        return self._small_below, self._medium_below
+
+    @property
+    def large_queue_limit(self) -> int:
+        return self._large_queue_limit
+
     def route(self, request: RoutingInput, loads: Loads) -> RouteChoice:
         probs = self._model.probabilities(request.user_text)
         score = float(probs @ [0.0, 0.5, 1.0])

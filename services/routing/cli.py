@@ -1,5 +1,6 @@
-"""`tiermesh route label|train` and `tiermesh route-eval`: build the measured routing labels,
-train the complexity predictor and tune cost_target, and evaluate every policy offline.
+"""`tiermesh route label|train|explain` and `tiermesh route-eval`: build the measured routing
+labels, train the complexity predictor and tune cost_target, explain one routing decision, and
+evaluate every policy offline (stationary, or through a change of traffic with `--drift`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,15 @@ def register(commands: Any) -> None:
     )
     train.add_argument("--out", type=Path, help="artifact (default: the router's)")
     train.set_defaults(func=cmd_train)
+    explain = actions.add_parser(
+        "explain", help="why the router's policy sends a prompt to its tier (loads idle)"
+    )
+    explain.add_argument("prompt", metavar="PROMPT")
+    explain.add_argument("--policy", help="another policy than the config's")
+    explain.add_argument("--config", type=Path, default=ROUTER_CONFIG, help="router config (TOML)")
+    explain.add_argument("--top", type=int, default=8, help="features shown (default 8)")
+    explain.add_argument("--json", action="store_true", help="one JSON object")
+    explain.set_defaults(func=cmd_explain)
 
     evaluate = commands.add_parser("route-eval", help="evaluate routing policies offline")
     evaluate.add_argument("--split", default="test")
@@ -298,3 +308,51 @@ def _print_drift(drift: dict[str, Any], console: Console) -> None:
         f"best static after (hindsight): small < {best['small_below']:.2f}, "
         f"medium < {best['medium_below']:.2f}; reward = quality - {drift['cost_weight']} x price"
     )
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from services.common.errors import ConfigError
+    from services.router.policy_factory import create_policy
+    from services.routing.explain import explain
+
+    console = Console()
+    try:
+        config = load_config(RouterConfig, args.config, policy=args.policy)
+        policy = create_policy(config)
+    except (ConfigError, OSError) as e:
+        console.print(f"[red]route explain:[/red] {e}")
+        return 2
+    explanation = explain(policy, args.prompt, config.default_max_tokens, max(0, args.top))
+    if args.json:
+        print(json.dumps(explanation.to_json()))
+    else:
+        _print_explanation(explanation, console)
+    return 0
+
+
+def _print_explanation(explanation: Any, console: Console) -> None:
+    console.print(f"policy [bold]{explanation.policy}[/bold] → [bold]{explanation.tier}[/bold]")
+    console.print(f"reason: {explanation.reason}")
+    bands = explanation.thresholds
+    if bands is not None:
+        console.print(
+            f"score {explanation.complexity:.3f}; thresholds: small < {bands['small_below']:.3f}, "
+            f"medium < {bands['medium_below']:.3f}, else large"
+        )
+    loads = f"loads: {explanation.loads}"
+    if explanation.large_queue_limit is not None:
+        loads += f"; past {explanation.large_queue_limit} queued on large, large may go to medium"
+    console.print(loads)
+    view = explanation.predictor
+    if view is None:
+        console.print("the policy does not read the complexity predictor")
+        return
+    chances = ", ".join(f"{t} {p:.2f}" for t, p in view.probabilities.items())
+    console.print(f"predictor: score {view.score:.3f}; cheapest correct tier: {chances}")
+    table = Table(title=f"top {len(view.features)} of {view.feature_count} features by effect")
+    for column in ("effect on score", "n-grams", "value", *(f"w {t}" for t in TIER_NAMES)):
+        table.add_column(column, justify="left" if column == "n-grams" else "right")
+    for row in view.features:
+        weights = [f"{row.weights[t]:+.2f}" for t in TIER_NAMES]
+        table.add_row(f"{row.effect:+.4f}", " | ".join(row.grams), f"{row.value:.3f}", *weights)
+    console.print(table)
