@@ -6,7 +6,8 @@ mix):
 1. capacity: an open-loop ramp of routed interactive chats in RAMP_STEP_S steps from
    RAMP_START_RPS, doubling until a step is not served (a refusal, a step-down or TTFT p99 over
    the bound), then halving the gap (geometric middle) for the steps --capacity-s leaves; the
-   capacity is the highest rate served;
+   capacity is the highest rate served, at most the rate the mesh answered at in a step it did
+   not serve (the tiers' queues absorb a short step);
 2. unloaded: a closed loop of UNLOADED_CLIENTS routed interactive chats for a few seconds over
    every stride-th request of the sequence, the stride spreading them over the whole overload
    run: the answers and TTFT the loaded chats are compared with (the same request i both times);
@@ -130,6 +131,27 @@ def unloaded_stride(requests: int, chat_s: float | None, unloaded_s: float) -> i
     return max(1, int(requests / expected))
 
 
+def answered_rate(records: Sequence[RequestRecord]) -> float | None:
+    """Chats answered per second from the first sent to the last answered: past capacity, the
+    rate the mesh serves (a short step's excess waits in the tiers' queues and is answered
+    later, so every chat of it may be answered, at this rate)."""
+    answered = [r for r in records if r.ok and r.finished_at_s is not None]
+    if not answered:
+        return None
+    span = max(r.finished_at_s or 0.0 for r in answered) - min(r.sent_at_s for r in records)
+    return round(len(answered) / span, 3) if span > 0 else None
+
+
+def capacity_of(rows: Sequence[Mapping[str, Any]]) -> float | None:
+    """The highest rate served, but no more than the highest rate the mesh answered at in a
+    step it did not serve (a queue that absorbed a short step hides the excess)."""
+    served = [row["rate_rps"] for row in rows if row["served"]]
+    answering = [row["answered_rps"] for row in rows if not row["served"] and row["answered_rps"]]
+    if not served:
+        return None
+    return round(float(min(max(served), max(answering, default=max(served)))), 3)
+
+
 def capacity_step_ok(
     records: Sequence[RequestRecord], ttft_bound_ms: float
 ) -> tuple[bool, dict[str, Any]]:
@@ -143,6 +165,7 @@ def capacity_step_ok(
     return ok, {
         "sent": len(records),
         "answered": len(answered),
+        "answered_rps": answered_rate(records),
         "stepped_down": stepped,
         "ttft_ms_p99": p99,
     }
@@ -181,9 +204,11 @@ async def find_capacity(
         if progress is not None:
             progress(f"capacity ramp: {rate:.3g} req/s {'served' if ok else 'not served'}")
         (served if ok else refused).append(rate)
+        if not ok and row["answered_rps"]:  # the next steps look below what it answered at
+            refused.append(row["answered_rps"])
         await asyncio.sleep(SETTLE_S)
         rate = next_rate(served, refused, factor)
-    capacity = round(max(served), 3) if served else None
+    capacity = capacity_of(rows)
     chats_s = [r.final_s for r in answered if r.final_s is not None]
     warnings = []
     if capacity is None:

@@ -8,7 +8,14 @@ from __future__ import annotations
 import pytest
 
 from services.bench.loadgen import RequestRecord
-from services.bench.overload_bench import Strided, next_rate, priority_of, unloaded_stride
+from services.bench.overload_bench import (
+    Strided,
+    answered_rate,
+    capacity_of,
+    next_rate,
+    priority_of,
+    unloaded_stride,
+)
 from services.bench.overload_report import (
     ms_percentiles,
     overload_summary,
@@ -137,3 +144,20 @@ def test_the_unloaded_pass_is_spread_over_the_whole_run() -> None:
     sequence = RequestSequence({"simple": 1.0}, 3, pools={"simple": list(ITEMS.values())})
     strided = Strided(sequence, 3)
     assert [strided[k].id for k in range(3)] == [sequence[0].id, sequence[3].id, sequence[6].id]
+
+
+def test_capacity_is_capped_by_what_an_unserved_step_answered_at() -> None:
+    records = [
+        _answered(i, "interactive", 0.01, "")
+        for i in range(4)  # sent at 1.0 s, the last answered at 1.5 s
+    ]
+    assert answered_rate(records) == 8.0
+    assert answered_rate([_refused(0, "interactive", 0.01, "")]) is None
+    rows = [
+        {"rate_rps": 10.0, "served": True, "answered_rps": 10.0},
+        {"rate_rps": 20.0, "served": True, "answered_rps": 12.0},  # the queues absorbed it
+        {"rate_rps": 40.0, "served": False, "answered_rps": 14.0},
+    ]
+    assert capacity_of(rows) == 14.0
+    assert capacity_of(rows[:2]) == 20.0  # nothing unserved to bound it
+    assert capacity_of(rows[2:]) is None
