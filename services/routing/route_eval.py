@@ -20,6 +20,7 @@ from services.router.adaptive_policy import AdaptivePolicy
 from services.router.complexity_model import ComplexityModel
 from services.router.policy import InterimHeuristicPolicy, RoutingInput, RoutingPolicy
 from services.router.static_policies import CostTargetPolicy, KeywordPolicy, ThresholdPolicy
+from services.routing.cascade import COST, QUALITY, cascade_per_request, tune_cascade
 from services.routing.intervals import CONFIDENCE, RESAMPLES, PerRequest, Resampler
 from services.routing.outcomes import Outcome
 from services.routing.simulation import RoutingResult, evaluate_choices, oracle_choice
@@ -135,17 +136,20 @@ def route_eval(
     resampler = Resampler(outcomes, seed)
     large_each = PerRequest.of(outcomes, ["large"] * len(outcomes), costs)
 
-    def with_intervals(row: dict[str, Any], choices: Sequence[str]) -> dict[str, Any]:
+    def with_intervals(
+        row: dict[str, Any], choices: Sequence[str], each: PerRequest | None = None
+    ) -> dict[str, Any]:
         """The row with its confidence intervals, overall, per phrasing and per class."""
-        spread = resampler.report(PerRequest.of(outcomes, choices, costs), large_each)
+        each = each or PerRequest.of(outcomes, choices, costs)
+        spread = resampler.report(each, large_each)
         row |= spread["overall"]
         row["by_phrasing"] = {
             phrasing: figures | spread["phrasing"][phrasing]
-            for phrasing, figures in by_group(outcomes, choices, costs, "phrasing").items()
+            for phrasing, figures in group_figures(outcomes, each, "phrasing").items()
         }
         row["by_class"] = {
             name: figures | spread["class"][name]
-            for name, figures in by_group(outcomes, choices, costs, "request_class").items()
+            for name, figures in group_figures(outcomes, each, "request_class").items()
         }
         return row
 
@@ -174,7 +178,7 @@ def route_eval(
     if tuning is not None:  # the same grid in the same order, scored on the tuning split
         tuned = threshold_sweep(model, tuning, costs, cost_weight)
         static_dev = sweep[max(range(len(tuned)), key=lambda i: tuned[i]["reward"])]
-    return {
+    report: dict[str, Any] = {
         "requests": len(outcomes),
         "bootstrap": {"resamples": RESAMPLES, "confidence": CONFIDENCE, "seed": seed},
         "costs": costs,
@@ -186,6 +190,21 @@ def route_eval(
         "static_threshold_tuned_on_dev": static_dev,
         "adaptive_learning_curve": curve,
     }
+    if tuning is not None:
+        cascade = tune_cascade(model, tuning, costs)
+        tiers, each = cascade_per_request(outcomes, model, costs, cascade)
+        result = RoutingResult(
+            accuracy=float(each.correct.mean()),
+            cost=float(each.cost.mean()),
+            share=evaluate_choices(outcomes, tiers, costs).share,
+            misroute_rate=float((each.too_small + each.too_big).mean()),
+        )
+        row = _row("cascade", result, large, costs, cost_weight, 0.0)
+        report["cascade"] = with_intervals(row, tiers, each) | {
+            "tuned_on_dev": cascade.__dict__,
+            "target": {"quality_vs_large": QUALITY, "cost_vs_large": COST},
+        }
+    return report
 
 
 def by_group(
@@ -193,17 +212,21 @@ def by_group(
 ) -> dict[str, dict[str, float]]:
     """Requests, accuracy, cost and misroute rate of the same choices on each group of the
     split apart: `attribute` "phrasing" (seen, unseen) or "request_class"."""
+    return group_figures(outcomes, PerRequest.of(outcomes, choices, costs), attribute)
+
+
+def group_figures(
+    outcomes: Sequence[Outcome], each: PerRequest, attribute: str
+) -> dict[str, dict[str, float]]:
+    """by_group from per-request figures (a cascade's cost counts every tier it ran)."""
     report = {}
     for group in dict.fromkeys(getattr(o, attribute) for o in outcomes):
-        picked = [
-            (o, c) for o, c in zip(outcomes, choices, strict=True) if getattr(o, attribute) == group
-        ]
-        result = evaluate_choices([o for o, _ in picked], [c for _, c in picked], costs)
+        at = np.asarray([i for i, o in enumerate(outcomes) if getattr(o, attribute) == group])
         report[group] = {
-            "requests": len(picked),
-            "accuracy": round(result.accuracy, 4),
-            "cost": round(result.cost, 4),
-            "misroute_rate": round(result.misroute_rate, 4),
+            "requests": len(at),
+            "accuracy": round(float(each.correct[at].mean()), 4),
+            "cost": round(float(each.cost[at].mean()), 4),
+            "misroute_rate": round(float((each.too_small[at] + each.too_big[at]).mean()), 4),
         }
     return report
 
