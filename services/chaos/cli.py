@@ -25,11 +25,14 @@ from services.chaos.faults import FAULT_KINDS, FaultPlanError, parse_faults
 from services.chaos.injector import FaultRecord
 from services.chaos.report import print_report
 from services.chaos.run import ChaosError, ChaosOptions, run_chaos
+from services.chaos.slow_connections_fault import SlowConnectionsSettings
 from services.common import env
 from services.common.tiers import TIER_NAMES
 from services.launcher.echo_tiers import EchoSettings
 from services.launcher.run_options import (
     TIER_NICE,
+    add_connection_limit_flags,
+    connection_limit_flags,
     model_overrides,
     nice_level,
     replica_counts,
@@ -87,6 +90,39 @@ def register(commands: Any) -> None:
     chaos.add_argument("--device", help="device for every tier (cpu, cuda, cuda:N)")
     chaos.add_argument("--base-port", type=int, help="ports as tiermesh run's (default: free)")
     chaos.add_argument("--run-dir", type=Path, help="logs and pids.json (default: <run dir>/chaos)")
+    chaos.add_argument(
+        "--slow-connections",
+        type=int,
+        default=SlowConnectionsSettings.connections,
+        metavar="N",
+        help="slow-connections: connections that never finish their request, held for --hold "
+        f"(default {SlowConnectionsSettings.connections})",
+    )
+    chaos.add_argument(
+        "--slow-processes",
+        type=int,
+        default=SlowConnectionsSettings.processes,
+        metavar="P",
+        help="slow-connections: worker processes, each from its own loopback address "
+        f"(default {SlowConnectionsSettings.processes})",
+    )
+    chaos.add_argument(
+        "--slow-reopen",
+        type=float,
+        default=SlowConnectionsSettings.reopen_s,
+        metavar="S",
+        help="slow-connections: seconds before a connection the target closed is opened again "
+        f"(default {SlowConnectionsSettings.reopen_s:g})",
+    )
+    chaos.add_argument(
+        "--slow-nice",
+        type=nice_level,
+        default=SlowConnectionsSettings.nice,
+        metavar="N",
+        help="slow-connections: the attack's processes this many nice levels below this one "
+        f"(default {SlowConnectionsSettings.nice}; 0: the same)",
+    )
+    add_connection_limit_flags(chaos)
     chaos.add_argument("--json", action="store_true", help="one JSON object as the last line")
     chaos.set_defaults(func=cmd_chaos)
 
@@ -96,6 +132,10 @@ def options_from(args: argparse.Namespace) -> ChaosOptions:
     unknown = [t for t in tiers if t not in TIER_NAMES]
     if unknown or not tiers:
         raise FaultPlanError(f"--tiers: expected names from {', '.join(TIER_NAMES)}")
+    if args.slow_connections < 1 or not 1 <= args.slow_processes <= 64 or args.slow_reopen < 0:
+        raise FaultPlanError(
+            "--slow-connections must be >= 1, --slow-processes in [1, 64], --slow-reopen >= 0"
+        )
     echo = None
     if args.engine == "echo":
         echo = EchoSettings(ttft_ms=args.echo_ttft_ms, tokens_per_s=args.echo_tokens_per_s)
@@ -120,6 +160,13 @@ def options_from(args: argparse.Namespace) -> ChaosOptions:
         device=args.device,
         base_port=args.base_port,
         run_dir=args.run_dir or Path(env.run_dir()) / "chaos",
+        slow_connections=SlowConnectionsSettings(
+            connections=args.slow_connections,
+            processes=args.slow_processes,
+            reopen_s=args.slow_reopen,
+            nice=args.slow_nice,
+        ),
+        limits=connection_limit_flags(args),
     )
 
 

@@ -11,6 +11,8 @@ the same options always give the same schedule); knows nothing of processes or g
 | overload      | `hold_s` of arrivals at 3x the scenario's rate                 | router          |
 | poison        | requests with invalid sampling, invalid UTF-8, too many tokens | router          |
 | slow-reader   | chats opened and never read for `hold_s`, then cancelled      | router          |
+| slow-connections | thousands of connections that never finish their request,  | gateway, router |
+|               | held for `hold_s` from several processes (slow_connections.py) |                 |
 """
 
 from __future__ import annotations
@@ -25,8 +27,19 @@ CONTROL_PLANE = "control-plane"
 OVERLOAD = "overload"
 POISON = "poison"
 SLOW_READER = "slow-reader"
-FAULT_KINDS = (KILL_TIER, KILL_REPLICA, HANG_TIER, CONTROL_PLANE, OVERLOAD, POISON, SLOW_READER)
+SLOW_CONNECTIONS = "slow-connections"
+FAULT_KINDS = (
+    KILL_TIER,
+    KILL_REPLICA,
+    HANG_TIER,
+    CONTROL_PLANE,
+    OVERLOAD,
+    POISON,
+    SLOW_READER,
+    SLOW_CONNECTIONS,
+)
 ROUTER = "router"
+GATEWAY = "gateway"
 OVERLOAD_FACTOR = 3.0  # an overload burst offers this many times the scenario's rate
 
 
@@ -71,6 +84,8 @@ def fault_targets(
         if not mesh:
             raise FaultPlanError("the control-plane fault needs --mesh")
         return [CONTROL_PLANE]
+    if kind == SLOW_CONNECTIONS:
+        return [GATEWAY, ROUTER]  # half-open HTTP/1.1, then unfinished HTTP/2 prefaces
     return [ROUTER]
 
 

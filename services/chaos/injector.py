@@ -1,10 +1,12 @@
 """Injects one planned fault into a running mesh and measures when the mesh has recovered from it.
 
 Process faults send signals to the launcher's children (the supervisor restarts what was
-killed); request faults (overload, poison, slow readers) go through the router's gRPC API.
+killed); request faults (overload, poison, slow readers) go through the router's gRPC API; slow
+connections are raw sockets to the gateway or the router (slow_connections_fault.py).
 `recovered_ms` is, from the moment of injection: for a process fault, until every process hit
-answers gRPC health SERVING again; for overload and slow readers, until a chat sent after the
-fault ended is answered; for poison, until every poison request has ended. Knows processes,
+answers gRPC health SERVING again; for overload, slow readers and slow connections, until a chat
+sent after the fault ended is answered; for poison, until every poison request has ended.
+Knows processes,
 gRPC and the SDK; nothing of the checks or the report.
 """
 
@@ -31,8 +33,13 @@ from services.chaos.faults import (
     KILL_TIER,
     OVERLOAD,
     POISON,
+    SLOW_CONNECTIONS,
     SLOW_READER,
     PlannedFault,
+)
+from services.chaos.slow_connections_fault import (
+    SlowConnectionsSettings,
+    inject_slow_connections,
 )
 from services.common.child_process import Child
 from services.common.percentiles import percentile
@@ -69,6 +76,7 @@ class Injector:
     hold_s: float = 3.0  # how long a hang, an overload burst or slow readers last
     max_tokens: int = 160
     start: float = field(default_factory=time.perf_counter)
+    slow_connections: SlowConnectionsSettings = field(default_factory=SlowConnectionsSettings)
 
     def now(self) -> float:
         return time.perf_counter() - self.start
@@ -101,6 +109,26 @@ class Injector:
             done = time.perf_counter()
         elif fault.kind == SLOW_READER:
             record.detail["streams"] = await self._slow_readers(SLOW_READERS)
+            done = await self._canary(began)
+        elif fault.kind == SLOW_CONNECTIONS:
+
+            def attack_starts() -> None:
+                nonlocal began
+                record.at_s = round(self.now(), 3)
+                began = time.perf_counter()
+
+            gateway = self.children.get("gateway")
+            record.detail.update(
+                await inject_slow_connections(
+                    fault.target,
+                    self.children[fault.target],
+                    gateway.address if gateway is not None else None,
+                    self.router,
+                    self.hold_s,
+                    self.slow_connections,
+                    attack_starts,
+                )
+            )
             done = await self._canary(began)
         else:
             raise ValueError(f"unknown fault {fault.kind!r}")

@@ -221,7 +221,24 @@ def _mib(value: int | None) -> str:
     return "-" if value is None else f"{value / 2**20:.0f}"
 
 
+def _slow_connections_detail(fault: Mapping[str, Any]) -> str:
+    attack, fds, probes = fault["attack"], fault["descriptors"], fault["probes"]
+    kept, fresh = probes["kept"], probes["fresh"]
+    return (
+        f"{attack['asked']} {attack['kind']} connections ({attack['opened']} opened): "
+        f"{attack['refused_fast']} refused within 1 s, {attack['closed_by_server']} closed by "
+        f"it in all; its descriptors {fds['before']} -> peak {fds['peak']} -> {fds['after']} "
+        f"(limit {fds['soft_limit']}); probes over a kept connection: {kept['answered']} of "
+        f"{kept['sent']} answered, first token p99 {kept['ttft_ms_p99']} ms "
+        f"({kept.get('ttft_p99_vs_unloaded')}x unloaded); over new connections: "
+        f"{fresh['answered']} of {fresh['sent']}; 'Too many open files' in its log: "
+        f"{fault['descriptor_exhaustion_in_log']}"
+    )
+
+
 def _fault_detail(fault: Mapping[str, Any]) -> str:
+    if "attack" in fault:
+        return _slow_connections_detail(fault)
     if "requests" in fault and isinstance(fault["requests"], dict) and "sent" in fault["requests"]:
         statuses = ", ".join(f"{k} {v}" for k, v in fault["requests"]["statuses"].items())
         return f"burst: {statuses}; refusals p99 {fault.get('refusal_ms_p99')} ms"

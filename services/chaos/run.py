@@ -30,12 +30,19 @@ from services.bench.loadgen import (
 )
 from services.bench.scenarios import RequestSequence, Scenario, arrival_times, build_scenario
 from services.chaos.checks import ReferenceKey, account_tokens, reference_key
-from services.chaos.faults import OVERLOAD_FACTOR, PlannedFault, fault_targets, plan_faults
+from services.chaos.faults import (
+    OVERLOAD_FACTOR,
+    SLOW_CONNECTIONS,
+    PlannedFault,
+    fault_targets,
+    plan_faults,
+)
 from services.chaos.injector import FaultRecord, Injector
 from services.chaos.loop_lag import LoopLag
 from services.chaos.memory import MemoryWatch
 from services.chaos.recording import RecordingClient
 from services.chaos.report import build_report
+from services.chaos.slow_connections_fault import SlowConnectionsSettings
 from services.common.child_process import Child
 from services.common.errors import TiermeshError
 from services.common.serving import NotServingError, wait_serving_async
@@ -44,10 +51,11 @@ from services.launcher.echo_tiers import EchoSettings
 from services.launcher.local_mesh import (
     free_base_port,
     is_healthy,
+    is_http_healthy,
     plan_children,
     started,
 )
-from services.launcher.run_options import TIER_NICE
+from services.launcher.run_options import TIER_NICE, ConnectionLimitFlags
 from services.launcher.supervisor import RestartPolicy, Supervisor
 
 # chaos kills on purpose: the supervisor restarts every time instead of giving up after 5
@@ -83,11 +91,14 @@ class ChaosOptions:
     device: str | None = None
     base_port: int | None = None
     run_dir: Path = Path(".tiermesh/chaos")
+    slow_connections: SlowConnectionsSettings = field(default_factory=SlowConnectionsSettings)
+    limits: ConnectionLimitFlags = field(default_factory=ConnectionLimitFlags)
 
 
 @contextlib.contextmanager
 def chaos_mesh(options: ChaosOptions, console: Console) -> Iterator[list[Child]]:
-    """The mesh's children (no HTTP gateway), all serving; stopped however the block ends."""
+    """The mesh's children (the HTTP gateway only for the slow-connections fault), all serving;
+    stopped however the block ends."""
     try:
         planned = plan_children(
             options.base_port or free_base_port(),
@@ -98,10 +109,12 @@ def chaos_mesh(options: ChaosOptions, console: Console) -> Iterator[list[Child]]
             replicas=options.replicas,
             echo=options.echo,
             tier_nice=options.tier_nice,
+            limits=options.limits,
         )
     except (TiermeshError, OSError) as e:  # ConfigError: a missing model, --mesh with replicas
         raise ChaosError(str(e)) from None
-    children = [child for child in planned if child.name != "gateway"]
+    gateway = SLOW_CONNECTIONS in options.faults
+    children = [child for child in planned if gateway or child.name != "gateway"]
     failed = ChaosError(f"the mesh did not start; logs in {options.run_dir / 'logs'}")
     # stopping continues a child left stopped by a hang first
     with started(children, console, failed, grace_s=10.0):
@@ -236,6 +249,9 @@ def run_json(
         "faults_asked": list(options.faults),
         "fault_every_s": options.fault_every_s,
         "hold_s": options.hold_s,
+        "slow_connections": vars(options.slow_connections)
+        if SLOW_CONNECTIONS in options.faults
+        else None,
     }
 
 
@@ -289,6 +305,7 @@ async def _drive(
         burst,
         hold_s=options.hold_s,
         max_tokens=options.max_tokens,
+        slow_connections=options.slow_connections,
     )
     faults: list[FaultRecord] = []
     load = asyncio.create_task(run_open_loop(base, arrivals, sequence, options.max_in_flight))
@@ -342,6 +359,12 @@ async def _drive(
 async def _all_serving(children: list[Child], timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
     for child in children:
+        if child.health_url:  # the gateway: HTTP health
+            while not await asyncio.to_thread(is_http_healthy, child.health_url):
+                if time.monotonic() > deadline:
+                    raise ChaosError(f"not serving again after the run: {child.name}")
+                await asyncio.sleep(0.2)
+            continue
         try:
             remaining = deadline - time.monotonic()
             await wait_serving_async(child.address, remaining, interval_s=0.2, name=child.name)

@@ -17,6 +17,8 @@ from services.common.tiers import TIER_NAMES
 from services.common.validation import MAX_TOP_LOGPROBS
 from services.launcher.run_options import (
     TIER_NICE,
+    add_connection_limit_flags,
+    connection_limit_flags,
     engine_option,
     model_overrides,
     nice_level,
@@ -51,6 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         tier_nice=args.tier_nice,
         cors_origins=tuple(args.cors_origin),
         remotes=remote_models(args.model, remote_tiers),
+        limits=connection_limit_flags(args),
     )
 
 
@@ -163,6 +166,7 @@ def register_run(commands: Any) -> None:
         help=f"run the tiers N nice levels below the router and gateway (default {TIER_NICE}; "
         "0: the same priority), so decode loops never delay routing on a shared machine",
     )
+    add_connection_limit_flags(run)
     run.set_defaults(func=cmd_run)
 
 

@@ -59,7 +59,10 @@ MIN_IDLE_S = 0.5
 MIN_KEPT_IDLE_S = 2.0
 MAX_HEADER_BYTES = 64 * 1024  # a request line and headers larger: 431, closed
 LOG_EVERY_S = 10.0  # refusals and timeouts are logged at most this often
-REFUSALS_PER_ACCEPT = 256  # then the event loop runs other work before refusing more
+# connections accepted (admitted or refused) per turn of the event loop; then it runs its other
+# work before accepting more (the kernel's accept queue holds the rest): asyncio would take up to
+# its backlog (2048) at once, and 2,048 admissions in a row stalled the loop for ~50 ms
+ACCEPTS_PER_TURN = 64
 PENDING_S = 10.0  # an accepted connection asyncio never made a protocol for is forgotten after
 
 # why a connection was refused, and why one was closed by the gateway
@@ -356,8 +359,16 @@ class GuardedListener(socket.socket):
     logs: _LogLimiter
     refusal: bytes  # the 503 a refused connection whose request is already there gets
 
+    turn_left: int = ACCEPTS_PER_TURN  # accepts left in this turn of the event loop
+
     def accept(self) -> tuple[socket.socket, Any]:
-        for _ in range(REFUSALS_PER_ACCEPT):
+        while True:
+            if self.turn_left <= 0:
+                # more may be waiting: the socket stays readable, asyncio comes back next turn
+                raise BlockingIOError(errno.EAGAIN, "accepted a turn's worth of connections")
+            if self.turn_left == ACCEPTS_PER_TURN:
+                asyncio.get_running_loop().call_soon(self._next_turn)
+            self.turn_left -= 1
             conn, address = super().accept()  # BlockingIOError once none is waiting
             host = address[0] if isinstance(address, tuple) else ""
             admission = self.guard.admit(conn.fileno(), host)
@@ -366,8 +377,9 @@ class GuardedListener(socket.socket):
                     admission.make_room.transport.close()
                 return conn, address
             self._refuse(conn, admission.refused, host)
-        # more are waiting: the listening socket stays readable and asyncio comes back to it
-        raise BlockingIOError(errno.EAGAIN, "refused a burst of connections")
+
+    def _next_turn(self) -> None:
+        self.turn_left = ACCEPTS_PER_TURN
 
     def _refuse(self, conn: socket.socket, reason: str, host: str) -> None:
         """503 with Retry-After if the request is already there, then closed; else closed."""

@@ -40,7 +40,7 @@ from services.launcher.run_addresses import (
     run_addresses,
     write_run_addresses,
 )
-from services.launcher.run_options import TIER_NICE
+from services.launcher.run_options import TIER_NICE, ConnectionLimitFlags
 from services.launcher.secure_run import SecureRun, prepare_secure_run
 from services.launcher.start_report import demo_chat, print_start_report
 from services.launcher.supervisor import Supervisor, stop_in_order
@@ -80,6 +80,7 @@ def plan_children(
     tier_nice: int = TIER_NICE,
     cors_origins: tuple[str, ...] = (),
     remotes: dict[str, tuple[str, ...]] | None = None,
+    limits: ConnectionLimitFlags | None = None,
 ) -> list[Child]:
     """The processes to start (the gateway, then the router last); raises ConfigError if a
     model folder is missing. `replicas` runs that many processes of a tier ("small", "small-2",
@@ -88,7 +89,8 @@ def plan_children(
     `tier_nice` is added to the tiers' nice value (0: the launcher's priority).
     `cors_origins`: the browser origins the gateway answers cross-origin (none: same origin).
     `remotes`: tiers served by remote OpenAI-compatible servers, one process per URL
-    (remote_tiers.py); echo does not apply to them."""
+    (remote_tiers.py); echo does not apply to them. `limits`: connection limits asked for on
+    the command line (the gateway's as its flags, the gRPC servers' as TIERMESH_GRPC_*)."""
     xds_tls = secure.router_xds_tls() if secure is not None else None
     children = _plan_children(
         base_port,
@@ -107,6 +109,11 @@ def plan_children(
         build_config(GatewayConfig, {"cors_origins": list(cors_origins)})  # the gateway's check
         gateway = next(child for child in children if child.name == "gateway")
         gateway.command += [a for origin in cors_origins for a in ("--cors-origin", origin)]
+    if limits is not None:  # the gateway's on its command line, the gRPC servers' in their env
+        gateway = next(child for child in children if child.name == "gateway")
+        gateway.command += limits.gateway_args()
+        for child in children:
+            child.env = {**(child.env or {}), **limits.environment()}
     if secure is not None:
         for child in children:
             child.env = {**(child.env or {}), **secure.env_for(child.name)}
@@ -334,6 +341,7 @@ def run_mesh(
     tier_nice: int = TIER_NICE,
     cors_origins: tuple[str, ...] = (),
     remotes: dict[str, tuple[str, ...]] | None = None,
+    limits: ConnectionLimitFlags | None = None,
 ) -> int:
     console = console or Console()
     run_dir = Path(env.run_dir())
@@ -357,6 +365,7 @@ def run_mesh(
             tier_nice=tier_nice,
             cors_origins=cors_origins,
             remotes=remotes,
+            limits=limits,
         )
     except ConfigError as e:
         console.print(f"[red]tiermesh run:[/red] {e}")

@@ -1,7 +1,7 @@
 """The command-line values a local mesh is planned from, parsed once for every command that
 starts one (`tiermesh run`, `tiermesh chaos`): `--model TIER=PATH` (or `TIER=URL[,URL]`, a
-remote OpenAI-compatible server), `--engine`, `--replicas TIER=N,...` and the tiers' CPU
-priority.
+remote OpenAI-compatible server), `--engine`, `--replicas TIER=N,...`, the tiers' CPU
+priority and the services' connection limits (`--http-max-connections`, `--grpc-...`).
 
 Knows tier names and the option syntax; nothing of processes.
 """
@@ -9,6 +9,7 @@ Knows tier names and the option syntax; nothing of processes.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.tiers import TIER_NAMES
@@ -103,3 +104,95 @@ def replica_counts(value: str) -> dict[str, int]:
             raise SystemExit(f"tiermesh: --replicas expects {expected}, got {part!r}")
         counts[tier] = int(count)
     return counts
+
+
+def positive_int(value: str) -> int:
+    """A whole number >= 1 (argparse `type`)."""
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value!r}")
+    return int(value)
+
+
+def positive_seconds(value: str) -> float:
+    """A number of seconds > 0 (argparse `type`)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {value!r}")
+    return seconds
+
+
+@dataclass(frozen=True)
+class ConnectionLimitFlags:
+    """The connection limits asked for on the command line (None: the service's default): the
+    gateway's go on its command line, every gRPC server's (router, tiers, control plane) in its
+    environment as TIERMESH_GRPC_* (services.common.grpc_service.ServerLimits)."""
+
+    http_max_connections: int | None = None
+    http_max_connections_per_client: int | None = None
+    http_header_timeout_s: float | None = None
+    grpc_max_connections: int | None = None
+    grpc_handshake_timeout_s: float | None = None
+
+    def gateway_args(self) -> list[str]:
+        flags = (
+            ("--max-connections", self.http_max_connections),
+            ("--max-connections-per-client", self.http_max_connections_per_client),
+            ("--header-timeout-s", self.http_header_timeout_s),
+        )
+        return [arg for flag, value in flags if value is not None for arg in (flag, str(value))]
+
+    def environment(self) -> dict[str, str]:
+        variables = (
+            ("TIERMESH_GRPC_MAX_CONNECTIONS", self.grpc_max_connections),
+            ("TIERMESH_GRPC_HANDSHAKE_TIMEOUT_S", self.grpc_handshake_timeout_s),
+        )
+        return {name: str(value) for name, value in variables if value is not None}
+
+
+def add_connection_limit_flags(parser: argparse.ArgumentParser) -> None:
+    """The connection-limit flags of `tiermesh run` and `tiermesh chaos`."""
+    parser.add_argument(
+        "--http-max-connections",
+        type=positive_int,
+        metavar="N",
+        help="the HTTP gateway's open connections cap (default 4096, kept under its open "
+        "files limit); past it a new connection is refused",
+    )
+    parser.add_argument(
+        "--http-max-connections-per-client",
+        type=positive_int,
+        metavar="N",
+        help="the HTTP gateway's open connections cap per client address (default 512)",
+    )
+    parser.add_argument(
+        "--http-header-timeout",
+        type=positive_seconds,
+        metavar="S",
+        help="seconds a request's headers may take to arrive at the gateway (default 10)",
+    )
+    parser.add_argument(
+        "--grpc-max-connections",
+        type=positive_int,
+        metavar="N",
+        help="every gRPC server's open connections cap (router, tiers, control plane; "
+        "default 4096, kept under its open files limit)",
+    )
+    parser.add_argument(
+        "--grpc-handshake-timeout",
+        type=positive_seconds,
+        metavar="S",
+        help="seconds a gRPC client has from connecting to its HTTP/2 SETTINGS (default 5)",
+    )
+
+
+def connection_limit_flags(args: argparse.Namespace) -> ConnectionLimitFlags:
+    return ConnectionLimitFlags(
+        http_max_connections=args.http_max_connections,
+        http_max_connections_per_client=args.http_max_connections_per_client,
+        http_header_timeout_s=args.http_header_timeout,
+        grpc_max_connections=args.grpc_max_connections,
+        grpc_handshake_timeout_s=args.grpc_handshake_timeout,
+    )
