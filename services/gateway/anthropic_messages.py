@@ -20,6 +20,7 @@ from typing import Any
 
 from services.common.validation import MAX_TOP_K
 from services.gateway.answer_feed import Answer, TextPiece
+from services.gateway.chat_request import checked_messages
 from services.gateway.errors import GatewayError, bad_request
 from services.gateway.wire_format import (
     ParsedRequest,
@@ -231,17 +232,8 @@ class MessageEvents:
 
 
 def _messages(value: Any) -> list[dict[str, str]]:
-    if not isinstance(value, list) or not value:
-        raise bad_request("messages", "required: a non-empty list", "missing_required_parameter")
     messages = []
-    for i, message in enumerate(value):
-        if not isinstance(message, dict):
-            raise bad_request(f"messages[{i}]", "must be an object with role and content")
-        role = message.get("role")
-        if role not in ROLES:
-            raise bad_request(
-                f"messages[{i}].role", f"must be one of {', '.join(ROLES)}, got {role!r}"
-            )
+    for i, message, role in checked_messages(value, ROLES):
         for name in message:
             if name not in ("role", "content"):
                 raise bad_request(f"messages[{i}].{name}", "not supported", "unsupported_parameter")

@@ -7,6 +7,7 @@ OpenAI's request fields; nothing of HTTP or gRPC calls.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,21 +195,29 @@ def _include_usage(body: dict[str, Any], stream: bool) -> bool:
     return _bool(options, "include_usage", "stream_options.include_usage")
 
 
-def _messages(value: Any) -> list[common_pb2.ChatMessage]:
+def checked_messages(value: Any, roles: Collection[str]) -> list[tuple[int, dict[str, Any], str]]:
+    """A body's `messages`: a non-empty list of objects whose role is one of `roles`, as
+    (index, message, role); else a 400 naming the first that is not."""
     if not isinstance(value, list) or not value:
         raise bad_request("messages", "required: a non-empty list", "missing_required_parameter")
-    messages = []
+    checked: list[tuple[int, dict[str, Any], str]] = []
     for i, message in enumerate(value):
         if not isinstance(message, dict):
             raise bad_request(f"messages[{i}]", "must be an object with role and content")
         role = message.get("role")
-        if role not in ROLES:
+        if role not in roles:
             raise bad_request(
-                f"messages[{i}].role", f"must be one of {', '.join(ROLES)}, got {role!r}"
+                f"messages[{i}].role", f"must be one of {', '.join(roles)}, got {role!r}"
             )
-        content = _content(message.get("content"), i)
-        messages.append(common_pb2.ChatMessage(role=ROLES[role], content=content))
-    return messages
+        checked.append((i, message, str(role)))
+    return checked
+
+
+def _messages(value: Any) -> list[common_pb2.ChatMessage]:
+    return [
+        common_pb2.ChatMessage(role=ROLES[role], content=_content(message.get("content"), i))
+        for i, message, role in checked_messages(value, ROLES)
+    ]
 
 
 def _content(value: Any, i: int) -> str:
