@@ -20,14 +20,13 @@ from typing import Any
 
 from services.common.validation import MAX_TOP_K
 from services.gateway.answer_feed import Answer, TextPiece
-from services.gateway.chat_request import checked_messages
+from services.gateway.chat_request import checked_messages, number
 from services.gateway.errors import GatewayError, bad_request
 from services.gateway.wire_format import (
     ParsedRequest,
     chat_request,
     integer,
     named_event,
-    number,
     optional_fields,
     refuse_unsupported,
     renamed,

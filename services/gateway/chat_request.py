@@ -7,7 +7,7 @@ OpenAI's request fields; nothing of HTTP or gRPC calls.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -236,7 +236,8 @@ def _content(value: Any, i: int) -> str:
     raise bad_request(f"messages[{i}].content", "must be a string or a list of text parts")
 
 
-def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
+def number(body: Mapping[str, Any], name: str, low: float, high: float) -> float | None:
+    """A number in [low, high], or None when absent; else a 400 naming the field."""
     value = body.get(name)
     if value is None:
         return None
@@ -247,10 +248,10 @@ def _number(body: dict[str, Any], name: str, low: float, high: float) -> float |
 
 def _sampling(body: dict[str, Any]) -> common_pb2.SamplingParams:
     sampling = common_pb2.SamplingParams()
-    temperature = _number(body, "temperature", 0.0, 2.0)
+    temperature = number(body, "temperature", 0.0, 2.0)
     if temperature is not None:
         sampling.temperature = temperature
-    top_p = _number(body, "top_p", 0.0, 1.0)
+    top_p = number(body, "top_p", 0.0, 1.0)
     if top_p is not None:
         if top_p == 0.0:
             raise bad_request("top_p", "must be > 0")

@@ -21,6 +21,7 @@ import uuid
 from typing import Any
 
 from services.gateway.answer_feed import Answer, TextPiece
+from services.gateway.chat_request import number
 from services.gateway.errors import GatewayError, bad_request
 from services.gateway.openai_wire import created_now
 from services.gateway.wire_format import (
@@ -28,7 +29,6 @@ from services.gateway.wire_format import (
     chat_request,
     integer,
     named_event,
-    number,
     optional_fields,
     refuse_unsupported,
     renamed,

@@ -1,7 +1,7 @@
 """What an HTTP API other than chat completions (Anthropic's Messages, OpenAI's Responses, legacy
 text completions) supplies to be served by answer_endpoint.py: how its request body becomes a
 router chat, how an answer, a stream and an error look on its wire. Also the checks those APIs
-share: fields refused by name, text content blocks, numbers in range.
+share: fields refused by name, text content blocks.
 
 Every format reads its body into the chat-completions request that chat_request.py parses, so
 model names, sampling limits, stop sequences and the revisions opt-in are checked in one place;
@@ -175,16 +175,6 @@ def text_of_blocks(
                 )
         texts.append(text)
     return "\n\n".join(texts)
-
-
-def number(body: Mapping[str, Any], name: str, low: float, high: float) -> float | None:
-    """A number in [low, high], or None when absent."""
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise bad_request(name, f"must be a number in [{low:g}, {high:g}], got {value!r}")
-    return float(value)
 
 
 def integer(body: Mapping[str, Any], name: str, low: int, *, required: bool = False) -> int | None:
