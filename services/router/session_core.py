@@ -55,8 +55,7 @@ from services.router.session_calls import (
     final_event,
     refine_failure,
 )
-
-FINAL_MARGIN_S = 0.05  # time kept back from the client's deadline to send Final after a refine
+from services.router.session_deadlines import SessionDeadlines
 
 
 class SessionCore:
@@ -80,11 +79,8 @@ class SessionCore:
         self.done = False
         self.calls: list[CallState] = []
         self._replicas = replicas
-        self._refine_budget_s = refine_budget_s
-        self._refine_deadline: float | None = None
+        self._deadlines = SessionDeadlines(deadline, call_timeout_s, refine_budget_s)
         self._clock = clock
-        self._deadline = deadline
-        self._call_timeout_s = call_timeout_s
         self._call_id = call_id
         self._phase = ""  # first_token, race, single, draft, refine, alone
         self._stream: RevisionStream | None = None
@@ -102,7 +98,7 @@ class SessionCore:
         """Opens the first call, then RouteDecision (so the two overlap)."""
         plan = self.plan
         out: list[Action] = []
-        first = self._open(out, plan.tiers[0], self._remaining_s(now))
+        first = self._open(out, plan.tiers[0], self._deadlines.call_s(now))
         out += [router_pb2.ChatEvent(route=plan.decision), ReadCall(first.id)]
         if plan.mode != router_pb2.MODE_PROGRESSIVE:
             self._stream = RevisionStream(first, 0, None, plan.retry_first_token, False)
@@ -132,7 +128,7 @@ class SessionCore:
         out += s.relay(chunk, self._clock, now)
         if s.open_refine_after_first and s.started:  # the draft's first delta is out
             s.open_refine_after_first = False
-            self._refine = self._open(out, self.plan.tiers[-1], self._refine_timeout_s(now))
+            self._refine = self._open(out, self.plan.tiers[-1], self._deadlines.refine_s(now))
         return out
 
     def ended(self, call: int, now: float) -> list[Action]:
@@ -175,7 +171,7 @@ class SessionCore:
         if self._phase != "first_token" or self.plan.fallback_tier is None:
             return []
         out: list[Action] = []
-        backup = self._open(out, self.plan.fallback_tier, self._remaining_s(now))
+        backup = self._open(out, self.plan.fallback_tier, self._deadlines.call_s(now))
         self._racing.append(backup)
         self._phase = "race"
         return [*out, ReadCall(backup.id)]
@@ -268,7 +264,7 @@ class SessionCore:
                 return self._give_up(s, now)
             after = where = left[0]
         who = f"{self._who(call)} failed"
-        timeout_s = self._refine_timeout_s(now) if s.refine_clock else self._remaining_s(now)
+        timeout_s = self._deadlines.refine_s(now) if s.refine_clock else self._deadlines.call_s(now)
         out: list[Action] = []
         if s.started and after == call.tier:  # same revision, on another replica
             s.notes.append(
@@ -308,7 +304,7 @@ class SessionCore:
         s.notes.append(f"{call.tier} cannot hold the prompt ({error.details}); moved to {left[0]}")
         s.kept = KeptPrefix(s.previous) if s.previous is not None else None
         s.continuing, s.error, s.held = False, None, []
-        timeout_s = self._refine_timeout_s(now) if s.refine_clock else self._remaining_s(now)
+        timeout_s = self._deadlines.refine_s(now) if s.refine_clock else self._deadlines.call_s(now)
         out: list[Action] = []
         s.call = self._open(out, left[0], timeout_s)
         return [*out, ReadCall(s.call.id)]
@@ -360,7 +356,7 @@ class SessionCore:
             return self._final(call, 0, reason, verdict, now)
         out: list[Action] = []
         if self._refine is None:
-            self._refine = self._open(out, plan.tiers[-1], self._refine_timeout_s(now))
+            self._refine = self._open(out, plan.tiers[-1], self._deadlines.refine_s(now))
         refine = self._refine
         if not draft.started:  # the draft tier failed before any output: refine answers alone
             assert draft.error is not None
@@ -452,23 +448,3 @@ class SessionCore:
             return []
         call.reported = True
         return [ended_event(call)]
-
-    def _client_remaining_s(self, now: float) -> float | None:
-        """Seconds left of the client's deadline; None when it set none."""
-        return None if self._deadline is None else max(0.001, self._deadline - now)
-
-    def _remaining_s(self, now: float) -> float | None:
-        """The timeout of a tier call: the client's deadline, else the configured default."""
-        remaining = self._client_remaining_s(now)
-        return self._call_timeout_s if remaining is None else remaining
-
-    def _refine_timeout_s(self, now: float) -> float:
-        """What is left of the refinement's budget (which starts with its first call), within
-        the client's deadline."""
-        if self._refine_deadline is None:
-            self._refine_deadline = now + self._refine_budget_s
-        budget = max(0.001, self._refine_deadline - now)
-        remaining = self._client_remaining_s(now)
-        if remaining is None:
-            return budget
-        return max(0.001, min(budget, remaining - FINAL_MARGIN_S))
