@@ -144,6 +144,8 @@ def plan_chat(
     generate = tier_pb2.GenerateRequest(
         max_tokens=chat.max_tokens,
         fit_max_tokens_to_context=not chat.max_tokens_set,
+        # the tier's wait queue orders by the chat's priority (same values)
+        queue_priority=cast("tier_pb2.QueuePriority", PRIORITY_VALUES[chat.priority]),
         sampling=chat.sampling,
         messages=[{"role": role, "content": content} for role, content in chat.turns],
     )

@@ -12,8 +12,14 @@ ratio of the oldest request still waiting so far, so a burst that outruns the me
 refused before the queue fills with requests that cannot start in time. A queued request is
 then served: it is refused late only if it still waits after `LATE_FACTOR` times its budget
 (the estimate was badly wrong), or once 90% of its deadline has passed (so that the refusal,
-not DEADLINE_EXCEEDED, reaches the client). Knows nothing of models or gRPC. Not thread-safe:
-use from one event loop.
+not DEADLINE_EXCEEDED, reaches the client).
+
+Priorities (queue_order.py): a freed slot goes to the waiting request of the highest priority
+(critical, then interactive, then batch), each priority in arrival order, and a request's
+expected wait counts only the requests it waits behind. At a full queue a request takes the
+place of the newest waiting request of a lower priority, which is refused instead: under
+pressure batch absorbs the refusals. Knows nothing of models or gRPC. Not thread-safe: use
+from one event loop.
 """
 
 from __future__ import annotations
@@ -22,8 +28,10 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 
 from services.common.errors import AT_CAPACITY, WAIT_PAST_DEADLINE, Overloaded
+from services.tier.queue_order import INTERACTIVE, ahead_of, next_to_start, to_displace
 
 MAX_WAIT_S = 5.0  # the longest a request without a shorter deadline is expected to wait
 LATE_FACTOR = 2.0  # a queued request is refused after this many times its budget (backstop)
@@ -49,6 +57,19 @@ class QueueRefused(Overloaded):
         self.reason = reason
 
 
+@dataclass(eq=False)
+class _Waiter:
+    """A request waiting for a running slot: the future is set to True when a slot is handed to
+    it, or to a QueueRefused when a request of a higher priority took its place."""
+
+    priority: str
+    enqueued: float
+    raw_wait_s: float
+    started: asyncio.Future[bool] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
 class Admission:
     def __init__(
         self,
@@ -69,10 +90,9 @@ class Admission:
         self.wait_ratio = 1.0  # mean real wait over expected wait of the requests that queued
         self._measured = False
         self._clock = clock
-        self._slots = asyncio.Semaphore(max_running)
         self._last_release = 0.0  # when a slot was last released
         self._waiting_since = 0.0  # when the queue last went from empty to waiting
-        self._waiters: dict[object, tuple[float, float]] = {}  # in order: (enqueued, raw wait)
+        self._waiters: list[_Waiter] = []  # in arrival order
 
     def _per_handover_s(self) -> float:
         """The time between slot hand-overs: measured, or until then one hold time (as if the
@@ -82,31 +102,33 @@ class Admission:
             return self.handover_s
         return self.hold_s
 
-    def _raw_wait_s(self) -> float:
-        """The wait of a request arriving now by the hand-over rate alone: 0 while a slot is
-        free, else (queued + 1) hand-overs."""
+    def _raw_wait_s(self, priority: str = INTERACTIVE) -> float:
+        """The wait of a request of `priority` arriving now by the hand-over rate alone: 0 while
+        a slot is free, else one hand-over more than the waiting requests it would start after."""
         if self.running < self.max_running and self.queued == 0:
             return 0.0
-        return (self.queued + 1) * self._per_handover_s()
+        ahead = ahead_of(priority, [w.priority for w in self._waiters])
+        return (ahead + 1) * self._per_handover_s()
 
     def correction(self) -> float:
         """Real over expected wait: the running average of the requests that got their slot, or
         the oldest waiting request's so far when that is larger."""
-        for enqueued, raw in self._waiters.values():  # the oldest first
-            if raw > 0:
-                return max(self.wait_ratio, (self._clock() - enqueued) / raw)
-            break
+        for waiter in self._waiters[:1]:  # the oldest
+            if waiter.raw_wait_s > 0:
+                return max(self.wait_ratio, (self._clock() - waiter.enqueued) / waiter.raw_wait_s)
         return self.wait_ratio
 
-    def expected_wait_s(self) -> float:
-        """How long a request arriving now is expected to wait for a running slot, corrected by
-        how the expectation has compared with the waits seen."""
-        return self._raw_wait_s() * self.correction()
+    def expected_wait_s(self, priority: str = INTERACTIVE) -> float:
+        """How long a request of `priority` arriving now is expected to wait for a running slot,
+        corrected by how the expectation has compared with the waits seen."""
+        return self._raw_wait_s(priority) * self.correction()
 
-    def _refuse(self, why: str, deadline_bound: bool = False) -> QueueRefused:
+    def _refuse(
+        self, why: str, deadline_bound: bool = False, priority: str = INTERACTIVE
+    ) -> QueueRefused:
         """`deadline_bound`: only the request's own deadline refused it (no capacity verdict)."""
         self.rejected += 1
-        wait = max(self.expected_wait_s(), self._per_handover_s())
+        wait = max(self.expected_wait_s(priority), self._per_handover_s())
         return QueueRefused(
             f"tier at capacity: {why} ({self.running} running, {self.queued} queued, limits "
             f"{self.max_running} and {self.max_queued}; expected wait {wait:.2f} s)",
@@ -115,56 +137,96 @@ class Admission:
         )
 
     @asynccontextmanager
-    async def slot(self, deadline_s: float | None = None) -> AsyncIterator[None]:
+    async def slot(
+        self, deadline_s: float | None = None, priority: str = INTERACTIVE
+    ) -> AsyncIterator[None]:
         """Holds one running slot for the body; waits in the bounded queue if none is free.
-        `deadline_s`: the seconds the request has left, None = no deadline. Raises QueueRefused
-        without waiting when the queue is full or the expected wait passes min(deadline_s,
-        max_wait_s); once queued, raises it only past LATE_FACTOR times that, or
-        DEADLINE_SHARE of the deadline.
+        `deadline_s`: the seconds the request has left, None = no deadline; `priority`:
+        "critical", "interactive" or "batch". Raises QueueRefused without waiting when the queue
+        is full of requests of its priority or higher, or the expected wait passes
+        min(deadline_s, max_wait_s); once queued, raises it past LATE_FACTOR times that, or
+        DEADLINE_SHARE of the deadline, or when a request of a higher priority takes its place.
         """
         budget = self.max_wait_s if deadline_s is None else min(deadline_s, self.max_wait_s)
         if self.running + self.queued >= self.max_running + self.max_queued:
-            raise self._refuse("queue full")
-        raw = self._raw_wait_s()
+            index = to_displace(priority, [w.priority for w in self._waiters])
+            if index is None:
+                raise self._refuse("queue full", priority=priority)
+            self._displace(self._waiters[index], priority)
+        raw = self._raw_wait_s(priority)
         # with a slot free nothing waits: a deadline already spent is the deadline's to end
         # (DEADLINE_EXCEEDED at the caller), not a refusal for capacity the tier has
         expected = raw * self.correction()
         if raw > 0 and expected > budget:
             bound = expected <= self.max_wait_s  # a caller with a longer deadline would queue
-            raise self._refuse(f"it could not start within {budget:.2f} s", bound)
-        limit = budget * LATE_FACTOR
-        if deadline_s is not None:
-            limit = min(limit, deadline_s * DEADLINE_SHARE)
-        enqueued = self._clock()
-        if self.queued == 0:
-            self._waiting_since = enqueued
-        self.queued += 1
-        waiter = object()
-        self._waiters[waiter] = (enqueued, raw)
-        try:
-            async with asyncio.timeout(limit):
-                await self._slots.acquire()
-        except TimeoutError:
-            self.late_refusals += 1
-            bound = limit < self.max_wait_s * LATE_FACTOR  # a caller without it would wait on
-            raise self._refuse(f"no running slot within {limit:.2f} s", bound) from None
-        finally:
-            self.queued -= 1
-            del self._waiters[waiter]
+            raise self._refuse(f"it could not start within {budget:.2f} s", bound, priority)
+        if raw == 0:
+            self.running += 1
+        else:
+            await self._wait(priority, raw, budget, deadline_s)
         started = self._clock()
-        if raw > 0:
-            self._note_wait(started - enqueued, raw)
-        self.running += 1
         try:
             yield
         finally:
+            self._release()
+            self._note_hold(self._clock() - started)
+
+    async def _wait(
+        self, priority: str, raw: float, budget: float, deadline_s: float | None
+    ) -> None:
+        """Queues until a slot is handed over (self.running already counts it then)."""
+        limit = budget * LATE_FACTOR
+        if deadline_s is not None:
+            limit = min(limit, deadline_s * DEADLINE_SHARE)
+        waiter = _Waiter(priority, self._clock(), raw)
+        if not self._waiters:
+            self._waiting_since = waiter.enqueued
+        self._waiters.append(waiter)
+        self.queued += 1
+        try:
+            async with asyncio.timeout(limit):
+                await waiter.started
+        except TimeoutError:
+            if not self._leave(waiter):  # handed a slot as the time ran out: pass it on
+                self._release()
+            self.late_refusals += 1
+            bound = limit < self.max_wait_s * LATE_FACTOR  # a caller without it would wait on
+            raise self._refuse(f"no running slot within {limit:.2f} s", bound, priority) from None
+        except BaseException:  # cancelled, or displaced (QueueRefused)
+            if not self._leave(waiter):  # a slot was handed over as it left: pass it on
+                self._release()
+            raise
+        self._note_wait(self._clock() - waiter.enqueued, raw)
+
+    def _leave(self, waiter: _Waiter) -> bool:
+        """Takes a waiter that stops waiting out of the queue; False when a slot had already
+        been handed to it (it holds that slot now)."""
+        if waiter in self._waiters:
+            self._waiters.remove(waiter)
+            self.queued -= 1
+        started = waiter.started
+        return not (started.done() and not started.cancelled() and started.exception() is None)
+
+    def _displace(self, waiter: _Waiter, by: str) -> None:
+        """Refuses a waiting request whose place a request of priority `by` takes."""
+        self._waiters.remove(waiter)
+        self.queued -= 1
+        waiter.started.set_exception(
+            self._refuse(f"its place in a full queue went to a {by} request", priority=by)
+        )
+
+    def _release(self) -> None:
+        """A running slot ends: handed to the next waiting request, or freed."""
+        ended = self._clock()
+        priorities = [w.priority for w in self._waiters]
+        if priorities:  # a waiter takes this slot: one hand-over, timed
+            self._note_handover(ended - max(self._last_release, self._waiting_since))
+            waiter = self._waiters.pop(next_to_start(priorities))
+            self.queued -= 1
+            waiter.started.set_result(True)
+        else:
             self.running -= 1
-            ended = self._clock()
-            if self.queued > 0:  # a waiter takes this slot: one hand-over, timed
-                self._note_handover(ended - max(self._last_release, self._waiting_since))
-            self._last_release = ended
-            self._slots.release()
-            self._note_hold(ended - started)
+        self._last_release = ended
 
     def _note_hold(self, seconds: float) -> None:
         if not self._measured:

@@ -48,6 +48,8 @@ class GenerationRequest:
     continue_logprobs: tuple[float, ...] = ()
     # max_tokens is an upper bound the prompt may lower to what the model's context has left
     fit_to_context: bool = False
+    # its place in the wait queue: "critical", "interactive" or "batch" (queue_order.py)
+    priority: str = "interactive"
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,7 @@ class EngineLifecycle(ABC):
         deadline_s = request.deadline_s
         if deadline_s is not None:
             deadline_s -= time.perf_counter() - received
-        async with self._admission.slot(deadline_s):
+        async with self._admission.slot(deadline_s, request.priority):
             self.check_health()
             meter = UsageMeter(len(prepared.prompt_ids), received)
             finished = False

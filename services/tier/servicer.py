@@ -33,6 +33,7 @@ from services.tier.engine import (
     TokenLogprob,
 )
 from services.tier.model_swap import SwapRecord
+from services.tier.queue_order import BATCH, CRITICAL, INTERACTIVE
 from services.tier.startup_record import StartupRecord
 from services.tier.tier_telemetry import TierTelemetry
 from services.tier.utilisation import RecentUtilisation
@@ -79,6 +80,21 @@ def usage_to_proto(usage: GenerationUsage) -> common_pb2.Usage:
     )
 
 
+QUEUE_PRIORITIES: dict[int, str] = {
+    tier_pb2.QUEUE_PRIORITY_UNSPECIFIED: INTERACTIVE,
+    tier_pb2.QUEUE_PRIORITY_INTERACTIVE: INTERACTIVE,
+    tier_pb2.QUEUE_PRIORITY_BATCH: BATCH,
+    tier_pb2.QUEUE_PRIORITY_CRITICAL: CRITICAL,
+}
+
+
+def _queue_priority(value: int) -> str:
+    try:
+        return QUEUE_PRIORITIES[value]
+    except KeyError:
+        raise InvalidArgument(f"queue_priority: unknown value {value}") from None
+
+
 class OtherModel(TiermeshError):
     """A continuation of tokens another model generated; it must go where that model serves."""
 
@@ -123,6 +139,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
             ),
             continue_logprobs=tuple(request.continue_logprobs),
             fit_to_context=request.fit_max_tokens_to_context,
+            priority=_queue_priority(request.queue_priority),
         )
 
     async def Generate(

@@ -68,3 +68,92 @@ async def test_a_free_slot_is_taken_even_by_a_request_whose_deadline_is_spent() 
     async with admission.slot(deadline_s=-0.001):  # nothing to wait for: no capacity refusal
         assert admission.running == 1
     assert (admission.running, admission.rejected) == (0, 0)
+
+
+async def test_a_freed_slot_goes_to_critical_then_interactive_then_batch() -> None:
+    admission = Admission(max_running=1, max_queued=3)
+    release = asyncio.Event()
+    started: list[str] = []
+
+    async def run(priority: str) -> None:
+        async with admission.slot(priority=priority):
+            started.append(priority)
+            await release.wait()
+
+    holder = holding(admission, release)
+    await asyncio.sleep(0)
+    waiters = []
+    for priority in ("batch", "interactive", "critical"):  # arriving lowest first
+        waiters.append(asyncio.create_task(run(priority)))
+        await asyncio.sleep(0)
+    assert (admission.running, admission.queued) == (1, 3)
+    # a newcomer is expected to wait behind its own priority and higher only
+    assert admission.expected_wait_s("critical") < admission.expected_wait_s("batch")
+    release.set()
+    await asyncio.gather(holder, *waiters)
+    assert started == ["critical", "interactive", "batch"]
+    assert (admission.running, admission.queued) == (0, 0)
+
+
+async def test_at_a_full_queue_a_critical_request_takes_the_newest_batch_place() -> None:
+    admission = Admission(max_running=1, max_queued=2)
+    release = asyncio.Event()
+    started: list[str] = []
+
+    async def run(name: str, priority: str) -> None:
+        async with admission.slot(priority=priority):
+            started.append(name)
+            await release.wait()
+
+    holder = holding(admission, release)
+    await asyncio.sleep(0)
+    older = asyncio.create_task(run("older batch", "batch"))
+    await asyncio.sleep(0)
+    newer = asyncio.create_task(run("newer batch", "batch"))
+    await asyncio.sleep(0)
+    assert admission.queued == 2
+    critical = asyncio.create_task(run("critical", "critical"))
+    with pytest.raises(Overloaded, match="its place in a full queue went to a critical request"):
+        await newer
+    assert (admission.queued, admission.rejected) == (2, 1)
+    # nobody of lower priority is left to give way: another batch request is refused itself
+    with pytest.raises(Overloaded, match="queue full"):
+        async with admission.slot(priority="batch"):
+            pass
+    release.set()
+    await asyncio.gather(holder, older, critical)
+    assert started == ["critical", "older batch"]
+    assert (admission.running, admission.queued) == (0, 0)
+
+
+async def test_a_waiter_cancelled_as_its_slot_is_handed_over_passes_the_slot_on() -> None:
+    admission = Admission(max_running=1, max_queued=2)
+    release = asyncio.Event()
+    holder_done = asyncio.Event()
+    started: list[str] = []
+
+    async def first() -> None:
+        async with admission.slot():
+            await holder_done.wait()
+
+    async def run(name: str) -> None:
+        async with admission.slot():
+            started.append(name)
+            await release.wait()
+
+    holder = asyncio.create_task(first())
+    await asyncio.sleep(0)
+    unlucky = asyncio.create_task(run("unlucky"))
+    await asyncio.sleep(0)
+    next_one = asyncio.create_task(run("next"))
+    await asyncio.sleep(0)
+    holder_done.set()
+    await asyncio.sleep(0)  # the holder leaves and hands its slot to `unlucky` ...
+    assert (admission.running, admission.queued) == (1, 1)  # handed over, not yet resumed
+    unlucky.cancel()  # ... which is cancelled before it runs again
+    with pytest.raises(asyncio.CancelledError):
+        await unlucky
+    release.set()
+    await asyncio.gather(holder, next_one)
+    assert started == ["next"]
+    assert (admission.running, admission.queued) == (0, 0)

@@ -1,0 +1,50 @@
+"""The order of a tier's wait queue by priority: who starts next, how many a newcomer waits
+behind, and whose place a newcomer takes at a full queue. Pure functions over the waiting
+requests' priorities in arrival order; admission.py does the waiting.
+
+Critical starts before interactive, interactive before batch; within a priority, arrival order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+CRITICAL = "critical"
+INTERACTIVE = "interactive"
+BATCH = "batch"
+RANK = {CRITICAL: 0, INTERACTIVE: 1, BATCH: 2}  # lower starts first
+
+
+def _rank(priority: str) -> int:
+    try:
+        return RANK[priority]
+    except KeyError:
+        raise ValueError(f"priority: one of {', '.join(RANK)}, got {priority!r}") from None
+
+
+def ahead_of(priority: str, waiting: Sequence[str]) -> int:
+    """How many of the waiting requests a newcomer of `priority` would start after: those of
+    its priority or a higher one."""
+    rank = _rank(priority)
+    return sum(1 for p in waiting if _rank(p) <= rank)
+
+
+def next_to_start(waiting: Sequence[str]) -> int:
+    """The index of the waiting request a freed slot goes to: the oldest of the highest
+    priority waiting. `waiting` must not be empty."""
+    if not waiting:
+        raise ValueError("next_to_start: nobody is waiting")
+    ranks = [_rank(p) for p in waiting]
+    return ranks.index(min(ranks))
+
+
+def to_displace(priority: str, waiting: Sequence[str]) -> int | None:
+    """At a full queue, the index of the waiting request a newcomer of `priority` takes the
+    place of: the newest of the lowest priority waiting, if that is lower than the newcomer's;
+    None when every waiting request is of its priority or higher (the newcomer is refused)."""
+    rank = _rank(priority)
+    ranks = [_rank(p) for p in waiting]
+    if not ranks or max(ranks) <= rank:
+        return None
+    lowest = max(ranks)
+    return len(ranks) - 1 - ranks[::-1].index(lowest)
