@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tiermesh.client import AsyncRouterClient, DeltaEvent, FinalEvent
-from tiermesh.client.events import Event, RevisionEndEvent, RevisionStartEvent
+from tiermesh.client.events import Event, RevisionEndEvent, RevisionStartEvent, RouteEvent
 
 
 @dataclass
@@ -44,9 +44,20 @@ class StreamTrace:
     options: dict[str, Any]
     revisions: dict[int, RevisionTrace] = field(default_factory=dict)
     final: FinalEvent | None = None
+    route: RouteEvent | None = None
+
+    @property
+    def step_down(self) -> str | None:
+        """ "from->to" when overload moved the chat off the tier its policy chose, else None."""
+        route = self.route
+        if route is None or not route.stepped_from or not route.tiers:
+            return None
+        return f"{route.stepped_from}->{route.tiers[0]}"
 
     def observe(self, event: Event, now: float) -> None:
-        if isinstance(event, RevisionStartEvent):
+        if isinstance(event, RouteEvent):
+            self.route = event
+        elif isinstance(event, RevisionStartEvent):
             self.revisions[event.revision] = RevisionTrace(tier=event.tier)
         elif isinstance(event, DeltaEvent):
             revision = self.revisions.setdefault(event.revision, RevisionTrace())

@@ -3,7 +3,8 @@ tables. The object's core is
 
     {"faults": [{"kind", "target", "at_s", "recovered_ms", ...}],
      "requests": {"sent", "completed", "failed": {status: n}},
-     "tokens": {"lost", "duplicated", ...}, "availability", "memory": {service: rss_peak_bytes}}
+     "tokens": {"lost", "duplicated", ...}, "availability", "step_downs": {"large->medium": n},
+     "memory": {service: rss_peak_bytes}}
 
 `requests` and `availability` count the scenario's own load; an overload burst's extra
 requests are counted in its fault's entry. Knows the run's records; nothing of how they were made.
@@ -121,6 +122,11 @@ def build_report(
             "ttft_ms_p50": _ms(percentile(ttfts, 0.50)),  # the load's own, faults included
             "ttft_ms_p99": _ms(percentile(ttfts, 0.99)),
         },
+        # chats overload moved off the tier their policy chose (RouteDecision.stepped_from), by
+        # "from->to": served by a smaller (or larger) tier rather than refused
+        "step_downs": dict(
+            sorted(Counter(t.step_down for t in traces.values() if t.step_down).items())
+        ),
         "failure_examples": _failure_examples(records),
         "failure_paths": _failure_paths(records, traces),
         "tokens": account.to_json(),
@@ -281,6 +287,8 @@ def print_report(report: Mapping[str, Any], console: Console) -> None:
         f"availability {report['availability']}; first token p50 {requests['ttft_ms_p50']} ms, "
         f"p99 {requests['ttft_ms_p99']} ms"
     )
+    steps = ", ".join(f"{k} {v}" for k, v in report.get("step_downs", {}).items()) or "none"
+    console.print(f"step-downs (overload moved a chat to another tier): {steps}")
     console.print(
         f"tokens: lost {tokens['lost']}, duplicated {tokens['duplicated']} over "
         f"{tokens['checked_requests']} greedy answers compared with an unfaulted reference "

@@ -71,7 +71,7 @@ def test_chaos_run_with_a_killed_tier_and_poison_loses_no_token(tmp_path: Path) 
     assert code == 0, err[-3000:]
     report = json.loads(out.strip().splitlines()[-1])
 
-    assert {"faults", "requests", "tokens", "availability", "memory"} <= set(report)
+    assert {"faults", "requests", "tokens", "availability", "step_downs", "memory"} <= set(report)
     for fault in report["faults"]:
         assert {"kind", "target", "at_s", "recovered_ms"} <= set(fault)
     kinds = [(f["kind"], f["target"]) for f in report["faults"]]

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 from tiermesh.client import DeltaEvent, FinalEvent
-from tiermesh.client.events import RevisionEndEvent, RevisionStartEvent
+from tiermesh.client.events import RevisionEndEvent, RevisionStartEvent, RouteEvent
 
 from services.bench.loadgen import RequestRecord
 from services.chaos.checks import account_tokens, token_diff
@@ -160,3 +160,21 @@ def test_theslowest_continued_breaks_are_listed_longest_first() -> None:
     assert [s["gap_ms"] for s in slowest] == [900.0, 300.0, 100.0]
     assert [s["sent_at_s"] for s in slowest] == [1.0, 0.0, 2.0]
     assert "(r1)" in slowest[0]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("stepped_from", "tiers", "expected"),
+    [
+        ("large", ("medium",), "large->medium"),  # overload moved it down
+        ("small", ("medium",), "small->medium"),  # ... or up, when the smaller tier was missing
+        ("", ("large",), None),  # the policy's own tier
+    ],
+)
+def test_a_chat_moved_by_overload_is_counted_as_a_step_down(
+    stepped_from: str, tiers: tuple[str, ...], expected: str | None
+) -> None:
+    trace = StreamTrace({"prompt": "p"})
+    assert trace.step_down is None  # no route seen yet
+    route = RouteEvent("r", "routed", tiers, 0.5, "threshold", "why", stepped_from)
+    trace.observe(route, 0.0)
+    assert trace.step_down == expected
