@@ -95,3 +95,19 @@ def step_for_load(
 def priority_allowed(priority: str, ceiling: str | None) -> bool:
     """Whether a caller whose ceiling is `ceiling` (None: any) may ask for `priority`."""
     return ceiling is None or PRIORITIES.index(priority) <= PRIORITIES.index(ceiling)
+
+
+# The router's own limit (max_inflight) by priority: batch may fill this share of it, interactive
+# all but the critical reserve, critical all of it; so a flood of batch leaves room for people,
+# and a flood of interactive leaves room for critical.
+BATCH_SHARE = 0.5
+CRITICAL_RESERVE = 0.1
+
+
+def inflight_limit(priority: str, max_inflight: int) -> int:
+    """How many chats may be in flight at the router when a chat of `priority` arrives."""
+    if priority == CRITICAL:
+        return max_inflight
+    if priority == BATCH:
+        return max(1, int(max_inflight * BATCH_SHARE))
+    return max(1, max_inflight - int(max_inflight * CRITICAL_RESERVE))

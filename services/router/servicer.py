@@ -28,14 +28,14 @@ from services.common.status_details import abort_error, abort_with_details
 from services.router.chat_events import ChatObserver
 from services.router.chat_outcomes import UpstreamFailed
 from services.router.chat_plan import ChatPlan, SessionClock
-from services.router.chat_planning import check_chat_request, plan_chat
+from services.router.chat_planning import PRIORITIES, check_chat_request, plan_chat
 from services.router.chat_session import ChatSession
 from services.router.chat_telemetry import NO_TELEMETRY, chat_telemetry
 from services.router.drain_rate import DrainRate
 from services.router.fair_share import FairShare
 from services.router.fallback import TiersLoading
 from services.router.learning import AnswersAgree, RoutingLessons
-from services.router.overload import priority_allowed
+from services.router.overload import INTERACTIVE, inflight_limit, priority_allowed
 from services.router.policy import Loads, RouteChoice, RoutingInput, RoutingPolicy
 from services.router.tier_calls import TierClient
 from services.router.tier_health import TierHealth
@@ -133,11 +133,14 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         start_ns = time.time_ns()
         telemetry = chat_telemetry(context.invocation_metadata(), start_ns)
         code, message = "OK", ""
-        if self.inflight >= self._config.max_inflight:
+        priority = _priority_of(request)
+        limit = inflight_limit(priority, self._config.max_inflight)
+        if self.inflight >= limit:
             code = "RESOURCE_EXHAUSTED"
             message = (
                 f"router at capacity: {self.inflight} chats in flight "
-                f"(limit {self._config.max_inflight})"
+                f"(limit {limit} for {priority} chats, of max_inflight "
+                f"{self._config.max_inflight})"
             )
             telemetry.finish(code, message)
             await abort_with_details(
@@ -230,6 +233,14 @@ def _with_complexity(event: router_pb2.ChatEvent, complexity: float) -> router_p
     routed.CopyFrom(event)
     routed.route.complexity = complexity
     return routed
+
+
+def _priority_of(request: router_pb2.ChatRequest | Undecodable) -> str:
+    """The priority a chat asks for, as far as the router's own limit goes (an unknown value
+    counts as interactive here; planning refuses it)."""
+    if isinstance(request, Undecodable):
+        return INTERACTIVE
+    return PRIORITIES.get(request.priority, INTERACTIVE)
 
 
 def _caller() -> str:

@@ -129,6 +129,30 @@ async def test_router_overload_is_resource_exhausted(tiny_model_dir: Path) -> No
         await mesh.stop()
 
 
+async def test_the_router_limit_refuses_batch_first(tiny_model_dir: Path) -> None:
+    """max_inflight 2: batch may hold one chat of it, interactive and critical both."""
+    mesh = await start_mesh(
+        tiny_model_dir, tier_options={"max_tokens": 400}, router_options={**LONG, "max_inflight": 2}
+    )
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            ready = asyncio.Event()
+            holder = asyncio.create_task(
+                hold_stream(client, ready, PROMPT, mode="pinned", tier="small", max_tokens=400)
+            )
+            await asyncio.wait_for(ready.wait(), 10)
+            with pytest.raises(ChatError) as caught:
+                await client.chat(PROMPT, max_tokens=4, timeout=10, priority="batch")
+            answered = await client.chat(PROMPT, max_tokens=4, timeout=10, priority="critical")
+            holder.cancel()
+        assert caught.value.code == "RESOURCE_EXHAUSTED"
+        assert "(limit 1 for batch chats, of max_inflight 2)" in caught.value.message
+        assert caught.value.details.reason == "ROUTER_AT_CAPACITY"
+        assert answered.text
+    finally:
+        await mesh.stop()
+
+
 async def test_draining_tier_finishes_in_flight_streams(tiny_model_dir: Path) -> None:
     mesh = await start_mesh(tiny_model_dir, tier_options={"max_tokens": 400}, router_options=LONG)
     try:

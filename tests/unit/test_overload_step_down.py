@@ -12,7 +12,13 @@ from services.common.config import RouterConfig
 from services.router.drain_rate import DrainRate
 from services.router.fair_share import FairShare
 from services.router.fallback import TiersFull
-from services.router.overload import OverFairShare, Step, priority_allowed, step_for_load
+from services.router.overload import (
+    OverFairShare,
+    Step,
+    inflight_limit,
+    priority_allowed,
+    step_for_load,
+)
 from services.router.policy import TierLoad
 
 CONFIG = RouterConfig()
@@ -238,3 +244,22 @@ def test_a_chat_over_its_keys_share_under_load_is_refused_not_stepped_down() -> 
     # no load, no pressure: served where it was sent, share or not
     idle = LOADS["large idle"]
     assert step_for_load("large", idle, CONFIG, lambda t: None, "interactive", 1000, True) is None
+
+
+@pytest.mark.parametrize(
+    ("priority", "max_inflight", "limit"),
+    [
+        ("critical", 256, 256),  # the whole router
+        ("interactive", 256, 231),  # all but the critical reserve (10%)
+        ("batch", 256, 128),  # half
+        ("critical", 1, 1),
+        ("interactive", 1, 1),  # a tiny router still takes one chat of each
+        ("batch", 1, 1),
+        ("interactive", 10, 9),
+        ("batch", 3, 1),
+    ],
+)
+def test_the_router_limit_leaves_room_for_higher_priorities(
+    priority: str, max_inflight: int, limit: int
+) -> None:
+    assert inflight_limit(priority, max_inflight) == limit
