@@ -5,8 +5,8 @@ A request is refused at once (QueueRefused, RESOURCE_EXHAUSTED) when both limits
 or when its expected wait for a running slot is longer than it may wait: its deadline, or
 `max_wait_s`. The expected wait, which is also the retry delay a refusal carries, is measured:
 the requests ahead of it times the mean time between slot hand-overs while requests wait (an
-exponential average; before one is measured, the mean time a slot is held, a cautious guess),
-times a correction from reality: how long queued requests really waited against what was
+exponential average; before one is measured, the mean time a slot is held over the number of
+slots), times a correction from reality: how long queued requests really waited against what was
 expected of them (an exponential average of the ratio, never below 1), or, when larger, the
 ratio of the oldest request still waiting so far, so a burst that outruns the measured rate is
 refused before the queue fills with requests that cannot start in time. A queued request is
@@ -95,12 +95,13 @@ class Admission:
         self._waiters: list[_Waiter] = []  # in arrival order
 
     def _per_handover_s(self) -> float:
-        """The time between slot hand-overs: measured, or until then one hold time (as if the
-        slots freed one after another: a burst that meets a tier before its queue has drained
-        once is queued only as deep as that allows, then measured)."""
+        """The time between slot hand-overs: measured, or until then the mean hold time over the
+        running slots (slots that end independently free one every hold_s / max_running on
+        average). A burst that outruns it is caught by the correction (the oldest waiter's
+        ratio) and, at worst, by the late refusal."""
         if self.handover_s is not None:
             return self.handover_s
-        return self.hold_s
+        return self.hold_s / self.max_running
 
     def _raw_wait_s(self, priority: str = INTERACTIVE) -> float:
         """The wait of a request of `priority` arriving now by the hand-over rate alone: 0 while
