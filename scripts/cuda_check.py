@@ -167,6 +167,50 @@ def smollm2_shape(folder: Path, tokenizer_dir: Path) -> Path:
     )
 
 
+async def profile(cfg: TierConfig, level: int, out: Path, tokens: int = 32) -> None:
+    """One round of `level` streams under torch.profiler: where a decode step's time goes (the
+    top operators by device time and by host time, and the device's busy share of the wall)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    engine = TorchEngine(cfg)
+    await engine.start()
+    try:
+        ttfts: list[float] = []
+        await asyncio.gather(*(answer(engine, f"w{i}", PROMPTS[i % 6], 8) for i in range(level)))
+        activities = [ProfilerActivity.CPU]
+        if cfg.device.startswith("cuda"):
+            activities.append(ProfilerActivity.CUDA)
+        try:  # the decode loop runs in its own thread
+            every_thread = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+        except TypeError:
+            every_thread = None
+        with torch_profile(activities=activities, experimental_config=every_thread) as prof:
+            start = time.perf_counter()
+            await asyncio.gather(
+                *(
+                    timed_stream(engine, f"p{i}", PROMPTS[i % 6], tokens, ttfts)
+                    for i in range(level)
+                )
+            )
+            wall = time.perf_counter() - start
+        events = prof.key_averages()
+        device_us = sum(getattr(e, "self_device_time_total", 0.0) for e in events)
+        RESULTS.setdefault("profile", {})[f"{cfg.dtype}_{level}"] = {
+            "wall_s": round(wall, 3),
+            "device_busy_share": round(device_us / 1e6 / wall, 3),
+        }
+        log(
+            f"     {cfg.dtype} {level} streams x {tokens} tokens: wall {wall:.3f} s, device busy "
+            f"{device_us / 1e6:.3f} s"
+        )
+        sort = "self_device_time_total" if cfg.device.startswith("cuda") else "self_cpu_time_total"
+        log(events.table(sort_by=sort, row_limit=12, max_name_column_width=60))
+        log(events.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
+    finally:
+        await engine.shutdown()
+
+
 async def grpc_tier(model: Path, device: str) -> None:
     import grpc
     from tiermesh.v1 import tier_pb2, tier_pb2_grpc
@@ -212,6 +256,9 @@ async def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--levels", default="1,16,64")
+    parser.add_argument(
+        "--profile-only", action="store_true", help="only profile the SmolLM2-shaped model"
+    )
     args = parser.parse_args()
     levels = [int(n) for n in args.levels.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -227,6 +274,22 @@ async def main() -> int:
     RESULTS["env"]["transformers"] = transformers.__version__
     log(f"env: {RESULTS['env']}")
     models = {tier: ROOT / "services" / f"tier_{tier}" / "model" for tier in TIERS}
+    if args.profile_only:
+        folder = Path("/tmp/cuda_check_smollm2_shape")
+        await step(
+            "build a SmolLM2-shaped model",
+            lambda: asyncio.to_thread(smollm2_shape, folder, models["large"]),
+        )
+        for dtype in ("float32", "bfloat16"):
+            for level in levels:
+                await step(
+                    f"profile {dtype} at {level} streams",
+                    lambda d=dtype, n=level: profile(
+                        config("large", folder, device, d), n, args.out
+                    ),
+                )
+        (args.out / "cuda_check.json").write_text(json.dumps(RESULTS, indent=1))
+        return 0
     for tier in TIERS:
         cpu = await step(f"{tier} on cpu", lambda t=tier: answers(config(t, models[t], "cpu")))
         dev = await step(
