@@ -19,7 +19,7 @@ from services.common.tiers import TIER_NAMES
 
 ENGINES = ("torch", "tensorrt_llm", "echo", "openai")
 POLICIES = ("interim_heuristic", "keyword", "threshold", "cost_target", "adaptive")
-GATES = ("always", "race", "cascade")
+GATES = ("always", "race", "cascade", "escalate")
 OVERLOAD_MODES = ("step_down", "shed")
 
 
@@ -170,9 +170,16 @@ class RouterConfig:
     adaptive_cost_weight: float = 0.3  # adaptive: reward = quality - weight x cost
     adaptive_exploration: float = 1.0  # adaptive: LinUCB exploration bonus (x its std. error)
     # Progressive gate: "always" refines; "race" starts both and cancels the refinement when
-    # the draft is confident; "cascade" starts the refinement only when the draft is unsure.
+    # the draft is confident; "cascade" starts the refinement only when the draft is unsure;
+    # "escalate" picks the first tier by the complexity score (small below
+    # escalate_small_below, medium below escalate_medium_below, else large) and sends an answer
+    # less sure than its tier's escalate_*_confidence on to the next tier up (escalation.py)
     progressive_gate: str = "always"
     min_draft_confidence: float = 0.9  # geometric-mean token probability of a confident draft
+    escalate_small_below: float = 0.2
+    escalate_medium_below: float = 1.01  # over 1: never large first
+    escalate_small_confidence: float = 0.945
+    escalate_medium_confidence: float = 0.99
     # A routed chat whose tier cannot start it in time: "step_down" serves it from the next
     # smaller tier able to (else a larger one), by priority; "shed" leaves it to the fallback
     # chain and refuses it when every tier is full.
@@ -204,6 +211,13 @@ class RouterConfig:
         _require(self.policy in POLICIES, "policy", f"must be one of {', '.join(POLICIES)}")
         _require(self.progressive_gate in GATES, "progressive_gate", f"one of {', '.join(GATES)}")
         _require(0.0 <= self.min_draft_confidence <= 1.0, "min_draft_confidence", "in [0, 1]")
+        for name in ("escalate_small_confidence", "escalate_medium_confidence"):
+            _require(0.0 <= getattr(self, name) <= 1.0, name, "must be in [0, 1]")
+        _require(
+            0.0 <= self.escalate_small_below <= self.escalate_medium_below,
+            "escalate_small_below",
+            "must be in [0, escalate_medium_below]",
+        )
         _require(self.overload in OVERLOAD_MODES, "overload", f"one of {', '.join(OVERLOAD_MODES)}")
         _require(self.interactive_wait_budget_ms > 0, "interactive_wait_budget_ms", "must be > 0")
         for name in ("fallback", "ttft_slo_ms", "tier_costs"):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from tiermesh.v1 import router_pb2, tier_pb2
 
 from services.common.validation import MAX_REQUEST_ID_CHARS
+from services.router.escalation import Escalation
 from services.router.policy import RouteChoice
 
 
@@ -22,7 +23,7 @@ class ChatPlan:
 
     request_id: str
     mode: int  # router_pb2.Mode
-    tiers: tuple[str, ...]  # in revision order: one tier, or (draft, refine)
+    tiers: tuple[str, ...]  # in revision order: one tier, (draft, refine), or escalate's chain
     generate: tier_pb2.GenerateRequest  # the tier request, without request_id
     decision: router_pb2.RouteDecision
     fallback_tier: str | None = None  # ROUTED/PINNED: started if the first token is late
@@ -31,8 +32,9 @@ class ChatPlan:
     # continue their answer there; PROGRESSIVE uses them for a failed refinement.
     fallbacks: tuple[str, ...] = ()
     retry_first_token: bool = False  # a call failing before its first token moves on unseen
-    gate: str = "always"  # PROGRESSIVE: "always", "race" or "cascade"
+    gate: str = "always"  # PROGRESSIVE: "always", "race", "cascade" or "escalate"
     min_confidence: float = 0.0  # PROGRESSIVE: a draft at least this confident is kept
+    escalation: Escalation | None = None  # gate "escalate": its thresholds
     choice: RouteChoice | None = None  # the policy's view of the request (for learning)
     note: str = ""  # what overload did to the route ("stepped down from large: ..."), or ""
     priority: str = "interactive"  # interactive, batch or critical

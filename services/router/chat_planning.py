@@ -28,6 +28,7 @@ from services.common.validation import (
     conversation,
 )
 from services.router.chat_plan import ChatPlan
+from services.router.escalation import Escalation
 from services.router.fallback import (
     Down,
     Loading,
@@ -125,6 +126,12 @@ def plan_chat(
     stepped_from = ""
     if chat.mode == router_pb2.MODE_PINNED:
         tiers, fallbacks, policy, reason = _pinned(chat, config, loads, down, loading)
+    elif chat.mode == router_pb2.MODE_PROGRESSIVE and chat.gate == ESCALATE:
+        if choice is None:
+            raise ValueError("a PROGRESSIVE chat with gate escalate is planned with the choice")
+        tiers, fallbacks, policy, reason = _escalating(
+            escalation_of(config), choice.complexity, config, loads, down, loading
+        )
     elif chat.mode == router_pb2.MODE_PROGRESSIVE:
         tiers, fallbacks, policy, reason = _progressive(chat, config, loads, down, loading)
     else:
@@ -171,6 +178,7 @@ def plan_chat(
         retry_first_token=routed,
         gate=chat.gate,
         min_confidence=config.min_draft_confidence,
+        escalation=escalation_of(config) if chat.gate == ESCALATE else None,
         choice=choice,
         note=note,
         priority=chat.priority,
@@ -230,6 +238,44 @@ def _progressive(
     # with a draft to keep, a refinement moves on only to tiers able to take it
     fallbacks = then if len(tiers) == 1 else tuple(t for t in then if down(t) is None)
     return tiers, fallbacks, "progressive", reason
+
+
+ESCALATE = "escalate"
+
+
+def escalation_of(config: RouterConfig) -> Escalation:
+    """The escalate gate's thresholds from the router's config."""
+    return Escalation(
+        config.escalate_small_below,
+        config.escalate_medium_below,
+        config.escalate_small_confidence,
+        config.escalate_medium_confidence,
+    )
+
+
+def _escalating(
+    escalation: Escalation,
+    score: float,
+    config: RouterConfig,
+    loads: Loads,
+    down: Down,
+    loading: Loading | None,
+) -> Tiers:
+    """The escalate gate's chain: the score's first tier up to large, the configured tiers that
+    are up (a tier down is passed over; none up: the first tier's fallback answers alone)."""
+    chain = [t for t in escalation.chain(score) if t in config.tiers]
+    able = tuple(t for t in chain if down(t) is None)
+    notes = [f"{gone}: passed over" for t in chain if (gone := down(t)) is not None]
+    first = able[0] if able else (chain[0] if chain else config.draft_tier)
+    tier, why, _ = choose_with_fallback(first, loads, config, down, loading)
+    tiers = able or (tier,)
+    threshold = escalation.threshold(tiers[0])
+    reason = f"escalate: {tiers[0]} first (complexity {score:.2f})"
+    if len(tiers) > 1 and threshold is not None:
+        reason += f"; an answer under {threshold:.3f} confidence goes on to {tiers[1]}"
+    reason += "".join(f"; {note}" for note in notes) + (why if not able else "")
+    then = fallback_order(tiers[-1], loads, config, down)
+    return tiers, tuple(t for t in then if t not in tiers), "progressive", reason
 
 
 def _configured(tier: str, field: str, config: RouterConfig) -> str:

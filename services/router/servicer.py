@@ -28,7 +28,12 @@ from services.common.status_details import abort_error, abort_with_details
 from services.router.chat_events import ChatObserver
 from services.router.chat_outcomes import UpstreamFailed
 from services.router.chat_plan import ChatPlan, SessionClock
-from services.router.chat_planning import PRIORITIES, check_chat_request, plan_chat
+from services.router.chat_planning import (
+    ESCALATE,
+    PRIORITIES,
+    check_chat_request,
+    plan_chat,
+)
 from services.router.chat_session import ChatSession
 from services.router.chat_telemetry import NO_TELEMETRY, chat_telemetry
 from services.router.drain_rate import DrainRate
@@ -89,7 +94,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 f"priority: this API key may ask for {ceiling} at most, not {chat.priority}"
             )
         choice = None
-        if route_now or chat.mode == router_pb2.MODE_ROUTED:
+        if route_now or chat.mode == router_pb2.MODE_ROUTED or chat.gate == ESCALATE:
             choice = self._policy.route(chat.routing_input, self._loads)
         loading = self._health.loading if wait_for_loading else None
         caller, weight = _caller(), key.weight if key is not None else 1.0

@@ -91,6 +91,7 @@ class SessionCore:
         self._alone_note = ""
         self._alone_failure: tuple[str, TierError] | None = None
         self._too_long: list[TierError] = []  # refusals of a prompt a tier cannot hold
+        self._escalated: list[str] = []  # escalate: each refinement that was unsure too
 
     # -- inputs ------------------------------------------------------------------------------
 
@@ -108,9 +109,10 @@ class SessionCore:
                 out.append(StartTimer(plan.first_token_timeout_s))
         elif len(plan.tiers) == 1:  # the draft tier was down: the refine tier answers alone
             self._stream = RevisionStream(first, 0, None, True, False)
-            self._phase, self._alone_note = "alone", "no draft"
+            self._phase = "alone"
+            self._alone_note = "no draft" if plan.escalation is None else f"{first.tier} only"
         else:
-            cascade = plan.gate == "cascade"
+            cascade = plan.gate in ("cascade", "escalate")
             self._stream = RevisionStream(first, 0, None, False, False, False, not cascade)
             self._draft, self._phase = self._stream, "draft"
         return out
@@ -345,18 +347,41 @@ class SessionCore:
             reason = f"{self.plan.note}; {reason}"
         return self._final(s.call, s.revision, reason, None, now)
 
+    def _threshold(self, tier: str) -> float:
+        """The confidence a finished answer of `tier` needs to end the chat (a gate's)."""
+        escalation = self.plan.escalation
+        if escalation is None:
+            return self.plan.min_confidence
+        threshold = escalation.threshold(tier)
+        return 0.0 if threshold is None else threshold
+
+    def _above(self, tier: str) -> str | None:
+        """The tier that refines an unsure answer of `tier`: the next of the plan's chain
+        (escalate), else the refine tier."""
+        tiers = self.plan.tiers
+        if self.plan.escalation is None:
+            return tiers[-1]
+        index = tiers.index(tier) if tier in tiers else len(tiers)
+        return tiers[index + 1] if index + 1 < len(tiers) else None
+
     def _draft_over(self, draft: RevisionStream, now: float) -> list[Action]:
         plan, call = self.plan, draft.call
-        if draft.complete and plan.gate != "always" and call.confidence >= plan.min_confidence:
+        threshold = self._threshold(call.tier)
+        above = self._above(call.tier)
+        if (
+            draft.complete
+            and plan.gate != "always"
+            and (call.confidence >= threshold or above is None)
+        ):
             verdict = "cancelled" if self._refine is not None else "skipped"
-            reason = (
-                f"draft confident ({call.confidence:.2f} >= {plan.min_confidence:.2f}); "
-                f"refinement {verdict}"
-            )
+            reason = f"draft confident ({call.confidence:.2f} >= {_share(threshold)}); refinement {verdict}"
+            if above is None:
+                reason = f"answered by {call.tier}, the top of the chain; refinement skipped"
             return self._final(call, 0, reason, verdict, now)
         out: list[Action] = []
         if self._refine is None:
-            self._refine = self._open(out, plan.tiers[-1], self._deadlines.refine_s(now))
+            assert above is not None
+            self._refine = self._open(out, above, self._deadlines.refine_s(now))
         refine = self._refine
         if not draft.started:  # the draft tier failed before any output: refine answers alone
             assert draft.error is not None
@@ -371,23 +396,45 @@ class SessionCore:
     def _refine_over(self, s: RevisionStream, now: float) -> list[Action]:
         plan, draft = self.plan, self._draft
         assert draft is not None
-        notes = s.notes
+        notes = [*self._escalated, *s.notes]
         if draft.error is not None:
             broken = f"after {len(draft.call.text)} characters ({describe(draft.error)})"
             notes = [f"draft by {draft.call.tier} failed {broken}", *notes]
         if s.complete:
+            unsure = f"{draft.call.confidence:.2f} < {_share(self._threshold(draft.call.tier))}"
+            above = self._above(s.call.tier) if plan.escalation is not None else None
+            if above is not None and s.call.confidence < self._threshold(s.call.tier):
+                return self._escalate(s, above, unsure, now)
             reason = f"refined by {s.call.tier}"
             if plan.gate != "always":
-                confidence = draft.call.confidence
-                reason += f" (draft unsure: {confidence:.2f} < {plan.min_confidence:.2f})"
+                reason += f" (draft unsure: {unsure})"
             return self._final(s.call, s.revision, "; ".join([*notes, reason]), "completed", now)
         assert s.error is not None
         if draft.complete:
             failure = "; ".join([*notes, refine_failure(s.call, s.error)])
             timed_out = s.error.code == "DEADLINE_EXCEEDED"
-            return self._final(draft.call, 0, failure, "timeout" if timed_out else "failed", now)
+            return self._final(
+                draft.call, draft.revision, failure, "timeout" if timed_out else "failed", now
+            )
         assert draft.error is not None
         return self._fail(draft.call.tier, draft.error)
+
+    def _escalate(self, s: RevisionStream, above: str, unsure: str, now: float) -> list[Action]:
+        """An escalation's answer ended unsure too: it becomes the answer a failure falls back
+        to, and the next tier up refines it as the next revision."""
+        draft = self._draft
+        assert draft is not None
+        self._escalated += [
+            *s.notes,
+            f"refined by {s.call.tier} (draft unsure: {unsure}), itself unsure "
+            f"({s.call.confidence:.2f} < {_share(self._threshold(s.call.tier))})",
+        ]
+        self._draft = s
+        out: list[Action] = []
+        nxt = self._open(out, above, self._deadlines.refine_s(now))
+        self._refine = nxt
+        self._stream = RevisionStream(nxt, s.revision + 1, s.call.text, True, True)
+        return [*out, ReadCall(nxt.id)]
 
     def _final(
         self, call: CallState, revision: int, reason: str, refinement: str | None, now: float
@@ -448,3 +495,8 @@ class SessionCore:
             return []
         call.reported = True
         return [ended_event(call)]
+
+
+def _share(threshold: float) -> str:
+    """A threshold as configured: two decimals, three where it has them (0.50, 0.945)."""
+    return f"{threshold:.2f}" if round(threshold, 2) == threshold else f"{threshold:.3f}"

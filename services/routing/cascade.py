@@ -1,11 +1,13 @@
-"""An escalation cascade, evaluated offline: the complexity score picks the first tier as the
-threshold policies do, and a tier whose answer is unsure (geometric-mean token probability
-below its confidence threshold) hands the request to the next tier up, small → medium → large.
+"""The escalation cascade evaluated offline: the router's progressive gate `escalate`
+(services/router/escalation.py), whose decision this scores on measured outcomes. The complexity
+score picks the first tier, and a tier whose answer is unsure (geometric-mean token probability
+below its confidence threshold) hands the request to the next tier up, small -> medium -> large.
 The final tier's answer counts; every tier run is paid for.
 
-The router cannot run this today (a ROUTED chat takes one tier; the progressive cascade drafts
-every request on one fixed tier); `tiermesh route-eval` reports it to show what such a mode
-would reach. Pure numpy over measured outcomes, whose `confidence` is that of the whole answer.
+`tune_cascade` searches the thresholds on a tuning split (vectorised over the grid, checked
+against the router's own decision in the tests); `escalation_per_request` scores any thresholds
+through `Escalation.run`, the decision the router runs. Pure numpy over measured outcomes, whose
+`confidence` is that of the whole answer.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 
 from services.common.tiers import TIER_NAMES
 from services.router.complexity_model import ComplexityModel
+from services.router.escalation import Escalation
 from services.routing.intervals import PerRequest
 from services.routing.outcomes import Outcome
 
@@ -31,12 +34,7 @@ SMALL_CONFIDENCE = tuple(np.round(np.arange(0.9, 0.9901, 0.005), 4))
 MEDIUM_CONFIDENCE = tuple(np.round(np.arange(0.95, 0.9951, 0.005), 4))
 
 
-@dataclass(frozen=True)
-class Cascade:
-    small_below: float  # score < this: the small tier first
-    medium_below: float  # score < this: the medium tier first; else large
-    small_confidence: float  # a small answer less sure than this goes on to medium
-    medium_confidence: float  # a medium answer less sure than this goes on to large
+Cascade = Escalation  # the thresholds: small_below, medium_below, small/medium_confidence
 
 
 @dataclass(frozen=True)
@@ -115,3 +113,22 @@ def cascade_per_request(
     final, spent = _Split.of(outcomes, model, costs).run(cascade)
     tiers = [TIER_NAMES[level] for level in final]
     return tiers, replace(PerRequest.of(outcomes, tiers, costs), cost=spent)
+
+
+def escalation_per_request(
+    outcomes: Sequence[Outcome],
+    model: ComplexityModel,
+    costs: dict[str, float],
+    escalation: Escalation,
+) -> tuple[list[str], PerRequest]:
+    """What the router's gate does with each request, by its own decision (Escalation.run): the
+    tier whose answer counts, and the per-request figures with the cost of every tier run."""
+    tiers: list[str] = []
+    spent: list[float] = []
+    for outcome in outcomes:
+        confidence = {t: outcome.tiers[t].confidence for t in TIER_NAMES}
+        ran = escalation.run(model.score(outcome.prompt), confidence)
+        tiers.append(ran[-1])
+        spent.append(sum(costs[t] * outcome.tiers[t].tokens for t in ran))
+    each = replace(PerRequest.of(outcomes, tiers, costs), cost=np.asarray(spent))
+    return tiers, each

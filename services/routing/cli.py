@@ -219,8 +219,10 @@ def _print_table(report: dict[str, Any], console: Console) -> None:
     table.add_column("share small/medium/large")
     table.add_column("accuracy seen/unseen")
     rows = [*report["policies"], *report["references"].values()]
+    if "escalate" in report:
+        rows.append(report["escalate"] | {"name": "escalate (progressive gate)"})
     if "cascade" in report:
-        rows.append(report["cascade"] | {"name": "cascade (offline)"})
+        rows.append(report["cascade"] | {"name": "cascade (tuned on dev)"})
     for row in rows:
         share = "/".join(f"{row['share'][t]:.0%}" for t in TIER_NAMES)
         parts = row.get("by_phrasing", {})

@@ -9,18 +9,27 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from services.common.config import RouterConfig
 from services.common.extras import require_extra
 from services.common.tiers import TIER_NAMES
 from services.router.adaptive_policy import AdaptivePolicy
+from services.router.chat_planning import escalation_of
 from services.router.complexity_model import ComplexityModel
 from services.router.policy import InterimHeuristicPolicy, RoutingInput, RoutingPolicy
 from services.router.static_policies import CostTargetPolicy, KeywordPolicy, ThresholdPolicy
-from services.routing.cascade import COST, QUALITY, cascade_per_request, tune_cascade
+from services.routing.cascade import (
+    COST,
+    QUALITY,
+    cascade_per_request,
+    escalation_per_request,
+    tune_cascade,
+)
 from services.routing.intervals import CONFIDENCE, RESAMPLES, PerRequest, Resampler
 from services.routing.outcomes import Outcome
 from services.routing.simulation import RoutingResult, evaluate_choices, oracle_choice
@@ -190,6 +199,17 @@ def route_eval(
         "static_threshold_tuned_on_dev": static_dev,
         "adaptive_learning_curve": curve,
     }
+    # the router's gate as it ships (RouterConfig's escalate thresholds), by its own decision
+    shipped = escalation_of(RouterConfig())
+    tiers, each = escalation_per_request(outcomes, model, costs, shipped)
+    result = RoutingResult(
+        accuracy=float(each.correct.mean()),
+        cost=float(each.cost.mean()),
+        share=evaluate_choices(outcomes, tiers, costs).share,
+        misroute_rate=float((each.too_small + each.too_big).mean()),
+    )
+    row = _row("escalate", result, large, costs, cost_weight, 0.0)
+    report["escalate"] = with_intervals(row, tiers, each) | {"thresholds": asdict(shipped)}
     if tuning is not None:
         cascade = tune_cascade(model, tuning, costs)
         tiers, each = cascade_per_request(outcomes, model, costs, cascade)

@@ -6,8 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from services.common.config import RouterConfig
 from services.router.complexity_model import ComplexityModel
-from services.routing.cascade import COST, QUALITY, Cascade, cascade_per_request, tune_cascade
+from services.routing.cascade import (
+    COST,
+    QUALITY,
+    Cascade,
+    cascade_per_request,
+    escalation_per_request,
+    tune_cascade,
+)
 from services.routing.outcomes import Outcome, TierOutcome
 from services.routing.route_eval import route_eval
 from tests.unit.test_routing_offline import COSTS, synthetic
@@ -60,11 +68,13 @@ def test_which_tiers_run_and_what_they_cost(
     too_big: int,
 ) -> None:
     request = outcome(score, confidence, correct)
-    tiers, each = cascade_per_request([request], FixedScores(), COSTS, CASCADE)
-    assert tiers == [final]
-    assert each.cost[0] == pytest.approx(cost)
-    assert (each.too_small[0], each.too_big[0]) == (too_small, too_big)
-    assert each.correct[0] == (final[0] in correct)
+    # the tuning's vectorised run and the router's own decision (Escalation.run) agree
+    for per_request in (cascade_per_request, escalation_per_request):
+        tiers, each = per_request([request], FixedScores(), COSTS, CASCADE)
+        assert tiers == [final]
+        assert each.cost[0] == pytest.approx(cost)
+        assert (each.too_small[0], each.too_big[0]) == (too_small, too_big)
+        assert each.correct[0] == (final[0] in correct)
 
 
 def test_the_tuned_cascade_keeps_its_targets_on_the_tuning_split() -> None:
@@ -87,3 +97,18 @@ def test_route_eval_reports_the_cascade_only_with_a_tuning_split() -> None:
     for field in ("accuracy", "cost", "quality_vs_large", "cost_vs_large", "misroute_rate"):
         low, high = row[f"{field}_ci95"]
         assert low <= row[field] <= high, field
+
+
+def test_route_eval_reports_the_routers_escalate_gate_as_configured() -> None:
+    model = ComplexityModel.load()
+    dev = synthetic("dev", 90)
+    row = route_eval(dev, dev, model, COSTS, feedback_steps=0)["escalate"]
+    config = RouterConfig()
+    assert row["thresholds"] == {
+        "small_below": config.escalate_small_below,
+        "medium_below": config.escalate_medium_below,
+        "small_confidence": config.escalate_small_confidence,
+        "medium_confidence": config.escalate_medium_confidence,
+    }
+    low, high = row["misroute_rate_ci95"]
+    assert low <= row["misroute_rate"] <= high

@@ -17,6 +17,7 @@ from tiermesh.v1 import common_pb2, router_pb2, tier_pb2
 
 from services.router.chat_events import RefinementSettled, TierCallEnded
 from services.router.chat_plan import ChatPlan, SessionClock
+from services.router.escalation import Escalation
 from services.router.session_actions import (
     Action,
     CancelCall,
@@ -45,6 +46,8 @@ def plan(
     min_confidence: float = 0.5,
     first_token_timeout_s: float = 0.0,
 ) -> ChatPlan:
+    """A plan as chat_planning makes them; gate "escalate" with the default thresholds (small
+    0.945, medium 0.99)."""
     decision = router_pb2.RouteDecision(request_id="c", mode=mode, tiers=tiers)
     return ChatPlan(
         "c",
@@ -58,6 +61,7 @@ def plan(
         retry_first_token=mode == ROUTED,
         gate=gate,
         min_confidence=min_confidence,
+        escalation=Escalation() if gate == "escalate" else None,
     )
 
 
@@ -211,6 +215,7 @@ def run(
     return driven
 
 
+SURE, UNSURE = -0.001, -0.1  # a token's log-probability: confidence 1.00 and 0.90
 DRAFT = [chunk(0.01, 0, "The price"), chunk(0.02, 0, " is $5", last=True), end(0.03, 0)]
 DRAFT_LINES = [
     "open#0 small in 30 s",
@@ -466,6 +471,72 @@ SCENARIOS = {
         + ["end r0 stop", "open#1 large in 1 s", "read#1", "start r1 replaces r0 keeps 0"]
         + ["r1: 'No'", "ended#1 OK", "end r1 stop", "refinement completed"]
         + ["final r1 large: refined by large (draft unsure: 0.14 < 0.50)"],
+    ),
+    "escalate gate: a confident small answer ends the chat": (
+        plan(PROGRESSIVE, ("small", "medium", "large"), ("large",), gate="escalate"),
+        {},
+        [chunk(0.01, 0, "Yes", last=True, logprob=SURE), end(0.02, 0)],
+        ["open#0 small in 30 s", "route", "read#0", "start r0", "r0: 'Yes'", "ended#0 OK"]
+        + ["end r0 stop", "refinement skipped"]
+        + ["final r0 small: draft confident (1.00 >= 0.945); refinement skipped"],
+    ),
+    "escalate gate: an unsure small answer goes on to medium, which is sure": (
+        plan(PROGRESSIVE, ("small", "medium", "large"), ("large",), gate="escalate"),
+        {},
+        [chunk(0.01, 0, "Yes", last=True, logprob=UNSURE), end(0.02, 0)]
+        + [chunk(0.2, 1, "No", last=True, logprob=SURE), end(0.2, 1)],
+        ["open#0 small in 30 s", "route", "read#0", "start r0", "r0: 'Yes'", "ended#0 OK"]
+        + ["end r0 stop", "open#1 medium in 1 s", "read#1", "start r1 replaces r0 keeps 0"]
+        + ["r1: 'No'", "ended#1 OK", "end r1 stop", "refinement completed"]
+        + ["final r1 medium: refined by medium (draft unsure: 0.90 < 0.945)"],
+    ),
+    "escalate gate: small and medium unsure, large answers as revision 2": (
+        plan(PROGRESSIVE, ("small", "medium", "large"), gate="escalate"),
+        {},
+        [chunk(0.01, 0, "Yes", last=True, logprob=UNSURE), end(0.02, 0)]
+        + [chunk(0.2, 1, "No", last=True, logprob=UNSURE), end(0.2, 1)]
+        + [chunk(0.5, 2, "Maybe", last=True, logprob=UNSURE), end(0.5, 2)],
+        ["open#0 small in 30 s", "route", "read#0", "start r0", "r0: 'Yes'", "ended#0 OK"]
+        + ["end r0 stop", "open#1 medium in 1 s", "read#1", "start r1 replaces r0 keeps 0"]
+        + ["r1: 'No'", "ended#1 OK", "end r1 stop", "open#2 large in 0.82 s", "read#2"]
+        + ["start r2 replaces r1 keeps 0", "r2: 'Maybe'", "ended#2 OK", "end r2 stop"]
+        + ["refinement completed"]
+        + [
+            "final r2 large: refined by medium (draft unsure: 0.90 < 0.945), itself unsure "
+            "(0.90 < 0.99); refined by large (draft unsure: 0.90 < 0.99)"
+        ],
+    ),
+    "escalate gate: the last step fails, the answer before it stands": (
+        plan(PROGRESSIVE, ("small", "medium", "large"), gate="escalate"),
+        {},
+        [chunk(0.01, 0, "Yes", last=True, logprob=UNSURE), end(0.02, 0)]
+        + [chunk(0.2, 1, "No", last=True, logprob=UNSURE), end(0.2, 1)]
+        + [fail(0.5, 2, "UNAVAILABLE")],
+        ["open#0 small in 30 s", "route", "read#0", "start r0", "r0: 'Yes'", "ended#0 OK"]
+        + ["end r0 stop", "open#1 medium in 1 s", "read#1", "start r1 replaces r0 keeps 0"]
+        + ["r1: 'No'", "ended#1 OK", "end r1 stop", "open#2 large in 0.82 s", "read#2"]
+        + ["ended#2 UNAVAILABLE", "refinement failed"]
+        + [
+            "final r1 medium: refined by medium (draft unsure: 0.90 < 0.945), itself unsure "
+            "(0.90 < 0.99); refinement by large failed (UNAVAILABLE: boom); draft kept"
+        ],
+    ),
+    "escalate gate: an unsure answer at the top of the chain is the answer": (
+        plan(PROGRESSIVE, ("small", "medium"), gate="escalate"),
+        {},
+        [chunk(0.01, 0, "Yes", last=True, logprob=UNSURE), end(0.02, 0)]
+        + [chunk(0.2, 1, "No", last=True, logprob=UNSURE), end(0.2, 1)],
+        ["open#0 small in 30 s", "route", "read#0", "start r0", "r0: 'Yes'", "ended#0 OK"]
+        + ["end r0 stop", "open#1 medium in 1 s", "read#1", "start r1 replaces r0 keeps 0"]
+        + ["r1: 'No'", "ended#1 OK", "end r1 stop", "refinement completed"]
+        + ["final r1 medium: refined by medium (draft unsure: 0.90 < 0.945)"],
+    ),
+    "escalate gate: a chain of large alone": (
+        plan(PROGRESSIVE, ("large",), gate="escalate"),
+        {},
+        [chunk(0.01, 0, "No", last=True, logprob=UNSURE), end(0.02, 0)],
+        ["open#0 large in 30 s", "route", "read#0", "start r0", "r0: 'No'", "ended#0 OK"]
+        + ["end r0 stop", "final r0 large: large only; answered by large"],
     ),
     "first token late: the fallback tier races it and wins": (
         plan(ROUTED, ("large",), ("medium",), first_token_timeout_s=0.2),
