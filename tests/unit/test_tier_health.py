@@ -128,7 +128,9 @@ def test_a_failed_call_moves_along_its_own_tiers_chain_whichever_tier_could_take
     # a refinement on large whose load is unknown moves on along large's chain, never to large
     servicer = RouterServicer(CONFIG, FakeTierChannels({}), InterimHeuristicPolicy(), loads)
     loads.update(medium=IDLE, large=None)
-    progressive = router_pb2.ChatRequest(prompt="hi", mode=router_pb2.MODE_PROGRESSIVE)
+    progressive = router_pb2.ChatRequest(
+        prompt="hi", mode=router_pb2.MODE_PROGRESSIVE, progressive_gate="always"
+    )
     assert servicer.plan(progressive).tiers == ("small", "large")
     assert servicer.plan(progressive).fallbacks == ("medium",)
 
