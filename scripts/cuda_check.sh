@@ -18,8 +18,9 @@
 # Writes $OUT/cuda_check.log (everything printed), $OUT/cuda_check.json (each step's result and
 # time), $OUT/engine/cuda_check.json (token ids, mismatches, throughput rows),
 # $OUT/bench_engine.jsonl, $OUT/mesh.log and $OUT/chat.jsonl. If .whl/ holds wheels (the
-# servers' dependencies, for a machine without them), they are installed into /tmp/site first and put first on PYTHONPATH. The repository
-# itself is used in place (PYTHONPATH=.:clients/python/src), nothing is installed from it.
+# servers' dependencies, for a machine without them), they are installed into /tmp/site first
+# and put first on PYTHONPATH. The repository itself is used in place
+# (PYTHONPATH=.:clients/python/src); nothing is installed from it.
 # Environment: PYTHON (default python3), LEVELS (default 1,16,64 on a GPU, 1,4 on the CPU),
 # BASE_PORT (default 52100). Each step has its own time limit; on an H200 the whole run takes
 # about 5 minutes and at most about 9.5. The integration tests are not run here: they build
@@ -30,7 +31,11 @@ DEVICE=${DEVICE:-cuda}
 OUT=${OUT:-/tmp/cuda_check}
 PYTHON=${PYTHON:-python3}
 BASE_PORT=${BASE_PORT:-52100}
-if [ "$DEVICE" = cpu ]; then LEVELS=${LEVELS:-1,4} BENCH_TOKENS=16; else LEVELS=${LEVELS:-1,16,64} BENCH_TOKENS=64; fi
+if [ "$DEVICE" = cpu ]; then
+    LEVELS=${LEVELS:-1,4} BENCH_TOKENS=16
+else
+    LEVELS=${LEVELS:-1,16,64} BENCH_TOKENS=64
+fi
 mkdir -p "$OUT/engine"
 LOG="$OUT/cuda_check.log"
 : >"$LOG"
@@ -51,19 +56,25 @@ step() {
     timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$LOG"
     rc=$?
     local took=$(($(date +%s) - t0))
-    if [ $rc -eq 0 ]; then say "PASS $name (${took} s)"; else say "FAIL $name (rc $rc, ${took} s)"; fi
+    if [ $rc -eq 0 ]; then
+        say "PASS $name (${took} s)"
+    else
+        say "FAIL $name (rc $rc, ${took} s)"
+    fi
     STEPS+=("{\"step\": \"$name\", \"rc\": $rc, \"seconds\": $took}")
     return 0
 }
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
     say "installing $(ls .whl/*.whl | wc -l) wheels from .whl into /tmp/site"
-    $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl 2>&1 | tee -a "$LOG"
-    export PYTHONPATH=/tmp/site:$PWD:$PWD/clients/python/src
-else
-    export PYTHONPATH=$PWD:$PWD/clients/python/src${PYTHONPATH:+:$PYTHONPATH}
+    if $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl 2>&1 | tee -a "$LOG"; then
+        SITE=/tmp/site:
+    else
+        say "FAIL installing the wheels in .whl (carrying on with the installed packages)"
+    fi
 fi
+export PYTHONPATH=${SITE:-}$PWD:$PWD/clients/python/src${PYTHONPATH:+:$PYTHONPATH}
 export DEVICE OUT PYTHON BASE_PORT LEVELS
 
 say "---- machine"
@@ -134,7 +145,8 @@ for bench in "$SMOL bfloat16" "services/tier_large/model float32"; do
     read -r model dtype <<<"$bench"
     step "bench engine on $DEVICE: $model $dtype" 120 \
         bash -c 'set -o pipefail; bench_engine "$@" | tee -a "$OUT/bench_engine.jsonl"' _ \
-        --model "$model" --dtype $dtype --concurrency "$LEVELS" --max-tokens $BENCH_TOKENS --rounds 2 --json
+        --model "$model" --dtype $dtype --concurrency "$LEVELS" --max-tokens $BENCH_TOKENS \
+        --rounds 2 --json
 done
 
 mesh() {
@@ -153,8 +165,9 @@ mesh() {
         : >"$OUT/chat.jsonl"
         for mode in routed progressive; do
             echo "---- chat --mode $mode"
-            if "$PYTHON" -m services.cli chat --json --router "$router" --mode "$mode" --max-tokens 32 \
-                --timeout 60 "How much does the blue kettle cost?" | tee -a "$OUT/chat.jsonl"; then
+            if "$PYTHON" -m services.cli chat --json --router "$router" --mode "$mode" \
+                --max-tokens 32 --timeout 60 "How much does the blue kettle cost?" \
+                | tee -a "$OUT/chat.jsonl"; then
                 echo "PASS chat $mode"
             else
                 echo "FAIL chat $mode"
