@@ -116,10 +116,16 @@ async def timed_stream(
     return count
 
 
-async def throughput(cfg: TierConfig, levels: list[int], tokens: int = 64) -> list[dict[str, Any]]:
-    """Per level: N concurrent streams of `tokens` tokens, three rounds after a warm-up."""
+async def throughput(
+    cfg: TierConfig, levels: list[int], tokens: int = 64, cudnn_attention: bool | None = None
+) -> list[dict[str, Any]]:
+    """Per level: N concurrent streams of `tokens` tokens, three rounds after a warm-up.
+    `cudnn_attention`: turn torch's cuDNN attention backend on or off after the engine loaded,
+    to compare the two in one run."""
     engine = TorchEngine(cfg)
     await engine.start()
+    if cudnn_attention is not None:
+        torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
     rows = []
     try:
         await asyncio.gather(*(answer(engine, f"w{i}", PROMPTS[i % 6], 8) for i in range(8)))
@@ -326,6 +332,13 @@ async def main() -> int:
                     levels if device != "cpu" else levels[:1],
                 ),
             )
+    if built and device.startswith("cuda"):
+        for cudnn in (True, False):
+            throughputs[f"smollm2_shape_{device}_float32_cudnn_attention_{cudnn}"] = await step(
+                f"SmolLM2-shaped float32, cuDNN attention {'on' if cudnn else 'off'}",
+                lambda c=cudnn: throughput(config("large", folder, device), levels, 64, c),
+            )
+        torch.backends.cuda.enable_cudnn_sdp(False)
     await step(f"gRPC tier on {device}", lambda: grpc_tier(large, device))
     (args.out / "cuda_check.json").write_text(json.dumps(RESULTS, indent=1))
     failed = [k for k, v in RESULTS.get("compare", {}).items() if v["differ_at"]]
