@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from functools import cache
 from typing import Any
 
@@ -50,6 +51,8 @@ from services.router.chat_events import (
     TierCallEnded,
     TierCallOpening,
 )
+from services.router.escalation import Escalation
+from services.router.policy import TierLoad
 
 
 class RouterMetrics:
@@ -218,7 +221,15 @@ class ChatTelemetry:
         self.request_model = ""  # the tier meant to give the answer, once routed
         self.response_model = ""  # the model that gave it (Final.model)
 
-    def route(self, decision: router_pb2.RouteDecision, max_tokens: int, start_ns: int) -> None:
+    def route(
+        self,
+        decision: router_pb2.RouteDecision,
+        max_tokens: int,
+        start_ns: int,
+        explained: Mapping[str, Any] | None = None,
+    ) -> None:
+        """The route span (and the chat span's route attributes); `explained`: what the policy
+        read (route_explanation), added to both."""
         self.mode = MODE_NAMES.get(decision.mode, "routed")
         # ROUTED and PINNED: the one tier; PROGRESSIVE: the refine tier (the draft's is its call's)
         self.request_model = decision.tiers[-1] if decision.tiers else ""
@@ -255,6 +266,7 @@ class ChatTelemetry:
         }
         if decision.stepped_from:
             attributes["tiermesh.stepped_from"] = decision.stepped_from
+        attributes.update(explained or {})
         if self.request_model:
             attributes["gen_ai.request.model"] = self.request_model
         self.span.set_attributes(attributes)
@@ -351,7 +363,13 @@ class ChatTelemetry:
 class NoTelemetry:
     """A chat's telemetry when neither traces nor metrics are on: nothing to build or record."""
 
-    def route(self, decision: router_pb2.RouteDecision, max_tokens: int, start_ns: int) -> None:
+    def route(
+        self,
+        decision: router_pb2.RouteDecision,
+        max_tokens: int,
+        start_ns: int,
+        explained: Mapping[str, Any] | None = None,
+    ) -> None:
         return None
 
     def observe(self, event: SessionEvent) -> None:
@@ -386,3 +404,26 @@ def _trusted_caller(metadata: Sequence[tuple[str, Any]] | None) -> Context | Non
     if not any(key == "traceparent" for key, _ in metadata):
         return None
     return edge_context(metadata)[0]
+
+
+def route_explanation(
+    policy: object, loads: Mapping[str, TierLoad | None], escalation: Escalation | None
+) -> dict[str, Any]:
+    """What `tiermesh route explain` shows of a decision, as span attributes: the policy's
+    thresholds on the complexity score and its large-queue limit (where it has them), the
+    escalate gate's thresholds, and the load the router read of each tier."""
+    out: dict[str, Any] = {}
+    thresholds = getattr(policy, "thresholds", None)
+    if thresholds is not None:
+        out["tiermesh.route.small_below"], out["tiermesh.route.medium_below"] = thresholds
+    limit = getattr(policy, "large_queue_limit", None)
+    if limit is not None:
+        out["tiermesh.route.large_queue_limit"] = limit
+    if escalation is not None:
+        out |= {f"tiermesh.escalate.{k}": v for k, v in asdict(escalation).items()}
+    for tier, load in loads.items():
+        if load is not None:
+            out[f"tiermesh.load.{tier}.running"] = load.running
+            out[f"tiermesh.load.{tier}.queued"] = load.queued
+            out[f"tiermesh.load.{tier}.expected_wait_ms"] = load.expected_wait_ms
+    return out

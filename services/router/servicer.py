@@ -35,7 +35,7 @@ from services.router.chat_planning import (
     plan_chat,
 )
 from services.router.chat_session import ChatSession
-from services.router.chat_telemetry import NO_TELEMETRY, chat_telemetry
+from services.router.chat_telemetry import NO_TELEMETRY, chat_telemetry, route_explanation
 from services.router.drain_rate import DrainRate
 from services.router.fair_share import FairShare
 from services.router.fallback import TiersLoading
@@ -193,7 +193,12 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                             choice = self.assess(plan)
                             if plan.choice is None:
                                 event = _with_complexity(event, choice.complexity)
-                            telemetry.route(event.route, plan.generate.max_tokens, start_ns)
+                            explained = route_explanation(
+                                self._policy, self._loads, plan.escalation
+                            )
+                            telemetry.route(
+                                event.route, plan.generate.max_tokens, start_ns, explained
+                            )
                             observers.append(self._lessons.observer(plan, choice, _caller()))
                         for observer in observers:
                             observer.observe(event)

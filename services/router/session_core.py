@@ -374,7 +374,8 @@ class SessionCore:
             and (call.confidence >= threshold or above is None)
         ):
             verdict = "cancelled" if self._refine is not None else "skipped"
-            reason = f"draft confident ({call.confidence:.2f} >= {_share(threshold)}); refinement {verdict}"
+            sure = f"{call.confidence:.2f} >= {_share(threshold)}"
+            reason = f"draft confident ({sure}); refinement {verdict}"
             if above is None:
                 reason = f"answered by {call.tier}, the top of the chain; refinement skipped"
             return self._final(call, 0, reason, verdict, now)

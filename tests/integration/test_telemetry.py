@@ -308,3 +308,32 @@ async def test_failed_requests_carry_error_type(
     assert ("gen_ai.server.request.duration", "CANCELLED", "") in errors  # the router
     assert ("gen_ai.server.request.duration", "CANCELLED", "small") in errors  # the tier
     assert ("gen_ai.client.operation.duration", "CANCELLED", "small") in errors  # router -> tier
+
+
+async def test_the_route_span_carries_what_the_policy_read(
+    tiny_model_dir: Path, spans: InMemorySpanExporter
+) -> None:
+    mesh = await start_mesh(
+        tiny_model_dir, router_options={"policy": "cost_target", "load_watch_interval_ms": 50}
+    )
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            for _ in range(100):  # the first load reports, so the router has loads to read
+                if all(mesh.router.watcher.loads[t] is not None for t in ("small", "large")):
+                    break
+                await asyncio.sleep(0.02)
+            await client.chat(PROMPT, max_tokens=4)
+            await client.chat(PROMPT, mode="progressive", progressive_gate="escalate", max_tokens=4)
+    finally:
+        await mesh.stop()
+    routes = [s for s in spans.get_finished_spans() if s.name == "route"]
+    routed, escalated = (dict(s.attributes or {}) for s in routes[-2:])
+    assert (routed["tiermesh.route.small_below"], routed["tiermesh.route.medium_below"]) == (
+        0.075,
+        0.85,
+    )
+    assert routed["tiermesh.route.large_queue_limit"] == 8
+    assert routed["tiermesh.load.small.running"] >= 0 and "tiermesh.load.large.queued" in routed
+    assert "tiermesh.escalate.small_confidence" not in routed
+    assert escalated["tiermesh.escalate.small_confidence"] == 0.945
+    assert escalated["tiermesh.escalate.medium_below"] == 1.01
