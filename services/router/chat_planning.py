@@ -36,7 +36,7 @@ from services.router.fallback import (
     fallback_chain,
     fallback_order,
 )
-from services.router.overload import INTERACTIVE, step_for_load
+from services.router.overload import CRITICAL, INTERACTIVE, step_for_load
 from services.router.policy import Loads, RouteChoice, RoutingInput
 
 # request mode -> the mode the router runs: the client's named modes, unset meaning routed
@@ -143,6 +143,11 @@ def plan_chat(
             tier, note, stepped_from = step.tier, step.reason, step.stepped_from
             fallbacks = fallback_order(tier, loads, config, down)
             why = f"; {step.reason} → fallback {tier}"
+        elif chat.priority == CRITICAL and _serving(choice.tier, loads, down):
+            # a critical chat keeps its tier even when it reads full: the tier's queue takes
+            # it before lower priorities, in a waiting one's place if it must (queue_order.py)
+            tier, why = choice.tier, ""
+            fallbacks = fallback_order(tier, loads, config, down)
         else:
             tier, why, fallbacks = choose_with_fallback(choice.tier, loads, config, down, loading)
         tiers = (_configured(tier, "tier", config),)
@@ -183,6 +188,12 @@ def plan_chat(
         note=note,
         priority=chat.priority,
     )
+
+
+def _serving(tier: str, loads: Loads, down: Down) -> bool:
+    """Whether `tier` is up and its last load report says it serves."""
+    load = loads.get(tier)
+    return down(tier) is None and load is not None and load.serving
 
 
 def _budget_ms(priority: str, config: RouterConfig, time_remaining_s: float | None) -> float | None:

@@ -7,8 +7,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from tiermesh.client.requests import PRIORITIES as PRIORITY_VALUES
+from tiermesh.v1 import router_pb2
 
 from services.common.config import RouterConfig
+from services.router.chat_planning import check_chat_request, plan_chat
 from services.router.drain_rate import DrainRate
 from services.router.fair_share import FairShare
 from services.router.fallback import TiersFull
@@ -19,7 +22,7 @@ from services.router.overload import (
     priority_allowed,
     step_for_load,
 )
-from services.router.policy import TierLoad
+from services.router.policy import RouteChoice, TierLoad
 
 CONFIG = RouterConfig()
 SHED = replace(CONFIG, overload="shed")
@@ -263,3 +266,30 @@ def test_the_router_limit_leaves_room_for_higher_priorities(
     priority: str, max_inflight: int, limit: int
 ) -> None:
     assert inflight_limit(priority, max_inflight) == limit
+
+
+def _routed(priority: str, chosen: str, loads: str) -> tuple[str, ...]:
+    config = replace(CONFIG, tiers={t: "x:1" for t in ("small", "medium", "large")})
+    request = router_pb2.ChatRequest(prompt="Hi", priority=PRIORITY_VALUES[priority])
+    chat = check_chat_request(request, config)
+    choice = RouteChoice(chosen, 0.9, "threshold", "why")
+    return plan_chat(chat, config, LOADS[loads], lambda t: None, choice).tiers
+
+
+@pytest.mark.parametrize(
+    ("priority", "loads", "tiers"),
+    [
+        ("critical", "all full", ("large",)),  # kept: large's queue takes it first
+        ("critical", "large full", ("large",)),
+        ("interactive", "large full", ("medium",)),  # stepped down
+    ],
+)
+def test_a_critical_chat_goes_to_its_tier_even_when_it_reads_full(
+    priority: str, loads: str, tiers: tuple[str, ...]
+) -> None:
+    assert _routed(priority, "large", loads) == tiers
+
+
+def test_with_every_tier_full_an_interactive_chat_is_refused_at_the_router() -> None:
+    with pytest.raises(TiersFull):
+        _routed("interactive", "large", "all full")
