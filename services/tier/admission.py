@@ -18,8 +18,9 @@ Priorities (queue_order.py): a freed slot goes to the waiting request of the hig
 (critical, then interactive, then batch), each priority in arrival order, and a request's
 expected wait counts only the requests it waits behind. At a full queue a request takes the
 place of the newest waiting request of a lower priority, which is refused instead: under
-pressure batch absorbs the refusals. Knows nothing of models or gRPC. Not thread-safe: use
-from one event loop.
+pressure batch absorbs the refusals. A tenth of the running slots (CRITICAL_RESERVE) is kept for
+critical requests, so one starts at once while the others fill the rest. Knows nothing of
+models or gRPC. Not thread-safe: use from one event loop.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from services.common.errors import AT_CAPACITY, WAIT_PAST_DEADLINE, Overloaded
-from services.tier.queue_order import INTERACTIVE, ahead_of, next_to_start, to_displace
+from services.tier.queue_order import CRITICAL, INTERACTIVE, ahead_of, next_to_start, to_displace
 
 MAX_WAIT_S = 5.0  # the longest a request without a shorter deadline is expected to wait
 LATE_FACTOR = 2.0  # a queued request is refused after this many times its budget (backstop)
@@ -45,6 +46,9 @@ RATIO_WEIGHT = 0.2  # weight of the newest real / expected wait in its running a
 # (down to 0.5) queued requests expected at up to twice the budget that then waited past the
 # LATE_FACTOR backstop, refused after 10 s instead of at once
 RATIO_BOUNDS = (1.0, 4.0)
+# a tenth of the running slots (rounded down: none below 10) only critical requests may take, so
+# one finds a slot at once while interactive and batch fill the rest
+CRITICAL_RESERVE = 0.1
 
 
 class QueueRefused(Overloaded):
@@ -83,6 +87,8 @@ class Admission:
         self.max_wait_s = max_wait_s
         self.running = 0
         self.queued = 0
+        self.reserve = int(max_running * CRITICAL_RESERVE)  # slots kept for critical requests
+        self._running_critical = 0
         self.rejected = 0
         self.late_refusals = 0  # refused after waiting in the queue (the estimate was wrong)
         self.hold_s = FIRST_HOLD_S  # mean time a running slot is held, measured as they end
@@ -103,12 +109,25 @@ class Admission:
             return self.handover_s
         return self.hold_s / self.max_running
 
+    def _can_start(self, priority: str) -> bool:
+        """Whether a slot is free for a request of `priority`: any free slot for a critical
+        one, for the others only while they hold fewer than all but the reserved slots."""
+        if self.running >= self.max_running:
+            return False
+        others = self.running - self._running_critical
+        return priority == CRITICAL or others < self.max_running - self.reserve
+
+    def _start(self, priority: str) -> None:
+        self.running += 1
+        self._running_critical += priority == CRITICAL
+
     def _raw_wait_s(self, priority: str = INTERACTIVE) -> float:
         """The wait of a request of `priority` arriving now by the hand-over rate alone: 0 while
-        a slot is free, else one hand-over more than the waiting requests it would start after."""
-        if self.running < self.max_running and self.queued == 0:
-            return 0.0
+        a slot is free for it and nobody it would start after waits, else one hand-over more
+        than the waiting requests it would start after."""
         ahead = ahead_of(priority, [w.priority for w in self._waiters])
+        if ahead == 0 and self._can_start(priority):
+            return 0.0
         return (ahead + 1) * self._per_handover_s()
 
     def correction(self) -> float:
@@ -162,14 +181,14 @@ class Admission:
             bound = expected <= self.max_wait_s  # a caller with a longer deadline would queue
             raise self._refuse(f"it could not start within {budget:.2f} s", bound, priority)
         if raw == 0:
-            self.running += 1
+            self._start(priority)
         else:
             await self._wait(priority, raw, budget, deadline_s)
         started = self._clock()
         try:
             yield
         finally:
-            self._release()
+            self._release(priority)
             self._note_hold(self._clock() - started)
 
     async def _wait(
@@ -189,13 +208,13 @@ class Admission:
                 await waiter.started
         except TimeoutError:
             if not self._leave(waiter):  # handed a slot as the time ran out: pass it on
-                self._release()
+                self._release(priority)
             self.late_refusals += 1
             bound = limit < self.max_wait_s * LATE_FACTOR  # a caller without it would wait on
             raise self._refuse(f"no running slot within {limit:.2f} s", bound, priority) from None
         except BaseException:  # cancelled, or displaced (QueueRefused)
             if not self._leave(waiter):  # a slot was handed over as it left: pass it on
-                self._release()
+                self._release(priority)
             raise
         self._note_wait(self._clock() - waiter.enqueued, raw)
 
@@ -216,17 +235,20 @@ class Admission:
             self._refuse(f"its place in a full queue went to a {by} request", priority=by)
         )
 
-    def _release(self) -> None:
-        """A running slot ends: handed to the next waiting request, or freed."""
+    def _release(self, priority: str) -> None:
+        """A running slot of `priority` ends: handed to the next waiting request if it may take
+        it (a reserved slot waits for a critical one), else freed."""
         ended = self._clock()
-        priorities = [w.priority for w in self._waiters]
-        if priorities:  # a waiter takes this slot: one hand-over, timed
-            self._note_handover(ended - max(self._last_release, self._waiting_since))
-            waiter = self._waiters.pop(next_to_start(priorities))
-            self.queued -= 1
-            waiter.started.set_result(True)
-        else:
-            self.running -= 1
+        self.running -= 1
+        self._running_critical -= priority == CRITICAL
+        if self._waiters:
+            waiter = self._waiters[next_to_start([w.priority for w in self._waiters])]
+            if self._can_start(waiter.priority):  # one hand-over, timed
+                self._note_handover(ended - max(self._last_release, self._waiting_since))
+                self._waiters.remove(waiter)
+                self.queued -= 1
+                self._start(waiter.priority)
+                waiter.started.set_result(True)
         self._last_release = ended
 
     def _note_hold(self, seconds: float) -> None:

@@ -157,3 +157,54 @@ async def test_a_waiter_cancelled_as_its_slot_is_handed_over_passes_the_slot_on(
     await asyncio.gather(holder, next_one)
     assert started == ["next"]
     assert (admission.running, admission.queued) == (0, 0)
+
+
+async def test_a_tenth_of_the_slots_is_kept_for_critical_requests() -> None:
+    admission = Admission(max_running=10, max_queued=4)
+    assert admission.reserve == 1
+    release = asyncio.Event()
+    started: list[str] = []
+
+    async def run(name: str, priority: str) -> None:
+        async with admission.slot(priority=priority):
+            started.append(name)
+            await release.wait()
+
+    tasks = [asyncio.create_task(run(f"i{n}", "interactive")) for n in range(10)]
+    await asyncio.sleep(0)
+    assert (admission.running, admission.queued) == (9, 1)  # the 10th slot is kept
+    critical = asyncio.create_task(run("c", "critical"))
+    await asyncio.sleep(0)
+    assert started[-1] == "c" and (admission.running, admission.queued) == (10, 1)
+    release.set()
+    await asyncio.gather(*tasks, critical)
+    assert (admission.running, admission.queued) == (0, 0)
+    assert Admission(max_running=9, max_queued=0).reserve == 0  # under 10 slots, none kept
+
+
+async def test_a_slot_a_critical_request_leaves_is_kept_for_the_next_one() -> None:
+    admission = Admission(max_running=10, max_queued=4)
+    hold, critical_done = asyncio.Event(), asyncio.Event()
+    started: list[str] = []
+
+    async def run(name: str, priority: str, until: asyncio.Event) -> None:
+        async with admission.slot(priority=priority):
+            started.append(name)
+            await until.wait()
+
+    others = [asyncio.create_task(run(f"i{n}", "interactive", hold)) for n in range(9)]
+    first = asyncio.create_task(run("c1", "critical", critical_done))
+    await asyncio.sleep(0)
+    waiting = asyncio.create_task(run("i9", "interactive", hold))
+    await asyncio.sleep(0)
+    assert (admission.running, admission.queued) == (10, 1)
+    critical_done.set()
+    await first
+    # the waiting interactive request may not take the reserved slot the critical one left
+    assert (admission.running, admission.queued) == (9, 1) and "i9" not in started
+    second = asyncio.create_task(run("c2", "critical", critical_done))
+    await asyncio.sleep(0)
+    assert started[-1] == "c2"
+    hold.set()
+    await asyncio.gather(*others, waiting, second)
+    assert (admission.running, admission.queued) == (0, 0)
