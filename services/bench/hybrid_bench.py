@@ -35,9 +35,13 @@ from services.bench.loadgen import (
     run_open_loop,
 )
 from services.bench.metrics import (
+    RequestScores,
+    in_window,
     overload_warnings,
     percentile,
+    quality_ci95,
     ratios_vs,
+    request_scores,
     summarise,
     unanswered_warnings,
 )
@@ -227,6 +231,7 @@ async def run_configurations(
     await monitor.start()
     configurations: dict[str, Any] = {}
     all_records: dict[str, list[RequestRecord]] = {}
+    scores: dict[str, RequestScores] = {}  # per configuration, its measured requests' scores
     try:
         for config in plan:
             name = config.name
@@ -262,6 +267,8 @@ async def run_configurations(
                     "memory": monitor.memory_json(),
                 }
                 all_records[name] = records
+                measured = in_window(records, scenario.warmup_s, scenario.duration_s)
+                scores[name] = request_scores(measured, items)
                 await monitor.wait_idle(load.idle_timeout_s)
     finally:
         await monitor.close()
@@ -283,6 +290,7 @@ async def run_configurations(
         "configurations": configurations,
         "ratios": {
             f"{name}_vs_{BASELINE}": ratios_vs(configurations[name], configurations[BASELINE])
+            | quality_ci95(scores[name], scores[BASELINE])
             for name in configurations
             if name != BASELINE and BASELINE in configurations
         },

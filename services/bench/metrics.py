@@ -12,8 +12,11 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from services.bench.loadgen import SHED, RequestRecord
 from services.common.percentiles import percentile as percentile  # re-exported for the bench
+from services.routing.intervals import ratio_ci95
 from services.workload import CLASSES, WorkloadItem, score
 
 
@@ -95,9 +98,48 @@ def summarise(
             "accuracy": _round(correct / len(completed_records)) if completed_records else None,
             # over every measured request, one not answered (failed or shed) counted wrong
             "accuracy_all": _round(correct / len(measured)) if measured else None,
+            "accuracy_ci95": accuracy_ci95(request_scores(measured, items)),
             "by_class": {c: _round(accuracy(rs, items)) for c, rs in by_class.items()},
         },
         "answered_by": dict(sorted(Counter(r.tier for r in completed_records).items())),
+    }
+
+
+# per measured request, by its index in the seeded sequence: (answered, score of the answer)
+RequestScores = Mapping[int, tuple[bool, float]]
+
+
+def request_scores(
+    records: Sequence[RequestRecord], items: Mapping[str, WorkloadItem]
+) -> dict[int, tuple[bool, float]]:
+    """Each record's (answered, score): an unanswered request (failed, shed) scores 0."""
+    return {
+        r.index: (r.ok, float(score(items[r.item_id], r.text)) if r.ok else 0.0) for r in records
+    }
+
+
+def _arrays(scores: RequestScores, keys: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    answered = np.asarray([float(scores[k][0]) for k in keys], dtype=np.float64)
+    correct = np.asarray([scores[k][1] for k in keys], dtype=np.float64)
+    return correct, answered
+
+
+def accuracy_ci95(scores: RequestScores) -> list[float] | None:
+    """The 95% bootstrap interval of the accuracy over the answered requests."""
+    return ratio_ci95(*_arrays(scores, sorted(scores)))
+
+
+def quality_ci95(scores: RequestScores, base: RequestScores) -> dict[str, list[float] | None]:
+    """95% bootstrap intervals of `quality` and `quality_all` (see ratios_vs) against the
+    baseline, paired: the requests both runs measured (the same seeded schedule) are resampled
+    together, so each resample compares the two on the same requests."""
+    keys = sorted(scores.keys() & base.keys())
+    correct, answered = _arrays(scores, keys)
+    base_correct, base_answered = _arrays(base, keys)
+    every = np.ones(len(keys), dtype=np.float64)
+    return {
+        "quality_ci95": ratio_ci95(correct, answered, base_correct, base_answered),
+        "quality_all_ci95": ratio_ci95(correct, every, base_correct, base_answered),
     }
 
 

@@ -37,6 +37,11 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def _interval(bounds: Sequence[float] | None, digits: int = 3) -> str:
+    """` [lo-hi]` of a `*_ci95` field, or nothing where there is none."""
+    return "" if not bounds else f" [{_num(bounds[0], digits)}-{_num(bounds[1], digits)}]"
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1f}%"
 
@@ -105,7 +110,8 @@ def summary_table(report: Mapping[str, Any]) -> TableSpec:
                 str(requests["shed"]),
                 _num(config["throughput_rps"], 2),
                 _num(config["output_tokens_per_s"]),
-                _num(config["quality"]["accuracy"], 3),
+                _num(config["quality"]["accuracy"], 3)
+                + _interval(config["quality"].get("accuracy_ci95")),
                 _num(sum(config["cpu_seconds"].values()), 1) if config["cpu_seconds"] else "-",
                 _num(cost.get("cpu"), 4),
                 _num(cost.get("a100"), 4),
@@ -163,14 +169,20 @@ def ratio_table(report: Mapping[str, Any]) -> TableSpec:
                     judged = min(value, strict)
                 met = judged <= bound if sense == "<=" else judged >= bound
                 mark = " ✓" if met else " ✗"
-            row.append(f"{_num(value, 3)}x{mark}" if value is not None else "-")
+            interval = _interval(values.get(f"{key}_ci95"))
+            row.append(f"{_num(value, 3)}x{interval}{mark}" if value is not None else "-")
         row.append(f"{sense} {bound}x")
         rows.append(tuple(row))
     alls = [values.get("quality_all") for values in ratios.values()]
     if any(value is not None for value in alls):
-        cells = [f"{_num(value, 3)}x" if value is not None else "-" for value in alls]
+        cells = [
+            f"{_num(value, 3)}x{_interval(values.get('quality_all_ci95'))}"
+            if value is not None
+            else "-"
+            for value, values in zip(alls, ratios.values(), strict=True)
+        ]
         rows.append(("quality_all (unanswered counted wrong)", *cells, "quality's check too"))
-    return TableSpec("ratios against single", columns, rows)
+    return TableSpec("ratios against single (quality: 95% bootstrap interval)", columns, rows)
 
 
 def sweep_table(sweep: Mapping[str, Any]) -> TableSpec:

@@ -5,7 +5,9 @@ failed where a costlier one answers) and too big (costlier than the cheapest cor
 Requests are resampled with replacement RESAMPLES times from a seeded generator; every policy is
 scored on the same resamples (paired), so two policies' intervals compare like with like, and a
 ratio against always-large is taken within each resample. A group (a phrasing, a request class)
-is resampled within itself. Pure numpy over outcome records: no servers, no clock.
+is resampled within itself. `ratio_ci95` is the same bootstrap for any paired share or ratio of
+shares (the bench's accuracy and quality against its baseline). Pure numpy over outcome records:
+no servers, no clock.
 """
 
 from __future__ import annotations
@@ -122,3 +124,32 @@ class Resampler:
         for (kind, name), (positions, index) in self.groups.items():
             groups[kind][name] = point_figures(policy, positions) | intervals(policy, large, index)
         return {"overall": overall, **groups}
+
+
+def ratio_ci95(
+    scores: np.ndarray,
+    counted: np.ndarray,
+    base_scores: np.ndarray | None = None,
+    base_counted: np.ndarray | None = None,
+    seed: int = SEED,
+) -> list[float] | None:
+    """The 95% interval of sum(scores) / sum(counted) over the same requests, divided by the
+    baseline's sum(base_scores) / sum(base_counted) when a baseline is given (arrays of equal
+    length, one entry per request, paired). A resample whose denominator is zero is left out;
+    None when every one is (or there are no requests)."""
+    if len(scores) == 0:
+        return None
+    index = resamples(len(scores), seed)
+    value = scores[index].sum(axis=1)
+    total = counted[index].sum(axis=1)
+    keep = total > 0
+    if base_scores is not None and base_counted is not None:
+        base_value = base_scores[index].sum(axis=1)
+        base_total = base_counted[index].sum(axis=1)
+        keep &= (base_total > 0) & (base_value > 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = value * base_total / (total * base_value)
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = value / total
+    return bounds(ratio[keep]) if keep.any() else None

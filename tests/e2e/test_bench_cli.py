@@ -44,6 +44,9 @@ def test_json_contract(bench_run) -> None:
     assert list(report["configurations"]) == list(CONFIGS)
     for name in ("hybrid_vs_single", "progressive_vs_single"):
         assert set(report["ratios"][name]) >= {"simple_p99_ttft", "throughput", "cost", "quality"}
+        for key in ("quality_ci95", "quality_all_ci95"):  # null where single scored nothing
+            interval = report["ratios"][name][key]
+            assert interval is None or interval[0] <= interval[1], (name, key)
     assert report["scenario"]["name"] == "long-tail" and report["scenario"]["seed"] == 11
     assert report["mesh"]["started_by_bench"] is True
     # a configuration that lost over 5% of its requests is named in the warnings, no other
