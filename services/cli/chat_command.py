@@ -25,6 +25,7 @@ from services.launcher.run_options import (
     remote_models,
     replica_counts,
     tier_engines,
+    vllm_tiers,
 )
 
 DEMO_PROMPT = "What is your return policy?"
@@ -54,6 +55,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         cors_origins=tuple(args.cors_origin),
         remotes=remote_models(args.model, remote_tiers),
         limits=connection_limit_flags(args),
+        vllm=vllm_tiers(args.engine),
     )
 
 

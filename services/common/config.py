@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from services.common.errors import ConfigError
 from services.common.tiers import TIER_NAMES
 
-ENGINES = ("torch", "tensorrt_llm", "echo", "openai")
+ENGINES = ("torch", "tensorrt_llm", "echo", "openai", "vllm")
 POLICIES = ("interim_heuristic", "keyword", "threshold", "cost_target", "adaptive")
 GATES = ("always", "race", "cascade", "escalate")
 OVERLOAD_MODES = ("step_down", "shed")
@@ -72,6 +72,20 @@ class TierConfig:
     # ask for the answer's token ids (vLLM's `return_token_ids`); off for a server that refuses
     # fields it does not know (the tier then streams text with counts from the usage)
     remote_token_ids: bool = True
+    # vllm only: the interpreter of the environment holding vLLM (`make setup-vllm`); "" =
+    # $TIERMESH_VLLM_PYTHON, else .venv-vllm/bin/python in the checkout. The rest go to vLLM's
+    # engine arguments as they are (0 or "" = vLLM's default; max_num_seqs 0 = max_running)
+    vllm_python: str = ""
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: str = ""  # "mp" or "ray"; "" = vLLM's choice
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int = 0  # 0 = the model's context length
+    max_num_seqs: int = 0
+    enable_prefix_caching: bool = True
+    quantization: str = ""
+    # on CPU: GiB of memory for vLLM's KV cache (VLLM_CPU_KVCACHE_SPACE)
+    cpu_kvcache_space_gib: float = 2.0
 
     def validate(self) -> None:
         _require(self.name in TIER_NAMES, "name", f"must be one of {', '.join(TIER_NAMES)}")
@@ -104,6 +118,19 @@ class TierConfig:
                 f"must be one http(s)://HOST[:PORT]/v1 URL for engine openai, got "
                 f"{self.remote_url!r}",
             )
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            _require(getattr(self, name) >= 1, name, "must be >= 1")
+        _require(
+            self.distributed_executor_backend in ("", "mp", "ray"),
+            "distributed_executor_backend",
+            'must be "mp" or "ray" (or "" for vLLM\'s choice)',
+        )
+        _require(
+            0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "must be in (0, 1]"
+        )
+        for name in ("max_model_len", "max_num_seqs"):
+            _require(getattr(self, name) >= 0, name, "must be >= 0")
+        _require(self.cpu_kvcache_space_gib > 0, "cpu_kvcache_space_gib", "must be > 0")
         _require(
             not self.remote_api_key_env or self.remote_api_key_env.isidentifier(),
             "remote_api_key_env",

@@ -44,6 +44,7 @@ from services.launcher.run_options import TIER_NICE, ConnectionLimitFlags
 from services.launcher.secure_run import SecureRun, prepare_secure_run
 from services.launcher.start_report import demo_chat, print_start_report
 from services.launcher.supervisor import Supervisor, stop_in_order
+from services.launcher.vllm_tiers import vllm_tier_command
 from services.security.tls import channel_credentials
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ def plan_children(
     cors_origins: tuple[str, ...] = (),
     remotes: dict[str, tuple[str, ...]] | None = None,
     limits: ConnectionLimitFlags | None = None,
+    vllm: frozenset[str] = frozenset(),
 ) -> list[Child]:
     """The processes to start (the gateway, then the router last); raises ConfigError if a
     model folder is missing. `replicas` runs that many processes of a tier ("small", "small-2",
@@ -90,7 +92,8 @@ def plan_children(
     `cors_origins`: the browser origins the gateway answers cross-origin (none: same origin).
     `remotes`: tiers served by remote OpenAI-compatible servers, one process per URL
     (remote_tiers.py); echo does not apply to them. `limits`: connection limits asked for on
-    the command line (the gateway's as its flags, the gRPC servers' as TIERMESH_GRPC_*)."""
+    the command line (the gateway's as its flags, the gRPC servers' as TIERMESH_GRPC_*).
+    `vllm`: tiers served by vLLM in their own process (vllm_tiers.py)."""
     xds_tls = secure.router_xds_tls() if secure is not None else None
     children = _plan_children(
         base_port,
@@ -104,6 +107,7 @@ def plan_children(
         echo,
         tier_nice,
         remotes or {},
+        vllm,
     )
     if cors_origins:
         build_config(GatewayConfig, {"cors_origins": list(cors_origins)})  # the gateway's check
@@ -132,6 +136,7 @@ def _plan_children(
     echo: EchoSettings | None = None,
     tier_nice: int = TIER_NICE,
     remotes: dict[str, tuple[str, ...]] | None = None,
+    vllm: frozenset[str] = frozenset(),
 ) -> list[Child]:
     children = []
     tier_targets = []
@@ -157,6 +162,8 @@ def _plan_children(
                 f"tier {tier}: no model at {model} (train the built-in family with "
                 f"`make models`, or pass --model {tier}=PATH)"
             )
+        elif tier in vllm:
+            tier_command = vllm_tier_command(tier_config_path(tier), run_dir, model)
         else:
             tier_command = [sys.executable, "-m", f"services.tier_{tier}", "--model", str(model)]
             tier_command += ["--device", device] if device is not None else []
@@ -342,6 +349,7 @@ def run_mesh(
     cors_origins: tuple[str, ...] = (),
     remotes: dict[str, tuple[str, ...]] | None = None,
     limits: ConnectionLimitFlags | None = None,
+    vllm: frozenset[str] = frozenset(),
 ) -> int:
     console = console or Console()
     run_dir = Path(env.run_dir())
@@ -366,6 +374,7 @@ def run_mesh(
             cors_origins=cors_origins,
             remotes=remotes,
             limits=limits,
+            vllm=vllm,
         )
     except ConfigError as e:
         console.print(f"[red]tiermesh run:[/red] {e}")

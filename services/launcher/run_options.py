@@ -46,6 +46,7 @@ def model_overrides(values: list[str], remote: bool = False) -> dict[str, Path]:
 
 
 REMOTE_ENGINE = "openai"  # the engine of a tier served by a remote OpenAI-compatible server
+VLLM_ENGINE = "vllm"  # the engine of a tier served by vLLM in its own process
 EVERY_TIER = ("model", "echo")  # --engine values for every tier (model: each its configured)
 
 
@@ -55,13 +56,15 @@ def is_remote(model: str) -> bool:
 
 
 def engine_option(value: str) -> str:
-    """`--engine model|echo|TIER=openai` (argparse `type`)."""
+    """`--engine model|echo|TIER=openai|TIER=vllm` (argparse `type`)."""
     tier, sep, engine = value.partition("=")
-    if value in EVERY_TIER or (sep and tier in TIER_NAMES and engine == REMOTE_ENGINE):
+    if value in EVERY_TIER or (
+        sep and tier in TIER_NAMES and engine in (REMOTE_ENGINE, VLLM_ENGINE)
+    ):
         return value
     raise argparse.ArgumentTypeError(
-        f"expected {' or '.join(EVERY_TIER)} (every tier), or TIER={REMOTE_ENGINE} with TIER "
-        f"in {', '.join(TIER_NAMES)}, got {value!r}"
+        f"expected {' or '.join(EVERY_TIER)} (every tier), or TIER={REMOTE_ENGINE} or "
+        f"TIER={VLLM_ENGINE} with TIER in {', '.join(TIER_NAMES)}, got {value!r}"
     )
 
 
@@ -71,7 +74,13 @@ def tier_engines(values: list[str]) -> tuple[str, set[str]]:
     every = "echo" if "echo" in values else "model"
     if "model" in values and every == "echo":
         raise SystemExit("tiermesh: --engine model and --engine echo exclude each other")
-    return every, {value.partition("=")[0] for value in values if "=" in value}
+    remote = {v.partition("=")[0] for v in values if v.partition("=")[2] == REMOTE_ENGINE}
+    return every, remote
+
+
+def vllm_tiers(values: list[str]) -> frozenset[str]:
+    """The tiers given `--engine TIER=vllm` (each checked by engine_option)."""
+    return frozenset(v.partition("=")[0] for v in values if v.partition("=")[2] == VLLM_ENGINE)
 
 
 def remote_models(values: list[str], remote_tiers: set[str]) -> dict[str, tuple[str, ...]]:

@@ -27,4 +27,8 @@ def create_engine(config: TierConfig) -> Engine:
         from services.tier.openai_engine import OpenAiEngine
 
         return OpenAiEngine(config, os.environ)  # it reads the variable the config names
+    if config.engine == "vllm":
+        from services.tier.vllm_engine import VllmEngine
+
+        return VllmEngine(config)
     raise ConfigError(f"engine: {config.engine!r} is not available in this build")

@@ -30,7 +30,7 @@ def test_engine_values() -> None:
         "echo",
         "large=openai",
     ]
-    for bad in ("vllm", "large=vllm", "huge=openai", "openai"):
+    for bad in ("vllm", "large=sglang", "huge=openai", "openai"):
         with pytest.raises(argparse.ArgumentTypeError):
             engine_option(bad)
     assert tier_engines([]) == ("model", set())

@@ -1,0 +1,150 @@
+"""The vllm engine: vLLM's async engine (v1 AsyncLLM) in the tier's own process (`engine =
+"vllm"`), so a tier serves on vLLM's kernels, paged KV cache, continuous batching and tensor or
+pipeline parallelism while keeping every tier contract.
+
+The tier renders and tokenises the prompt itself (prepare_request: prompt limits, PromptTooLong,
+fit_to_context, continuation tokens checked) and sends vLLM the token ids: a continuation's
+tokens are prefilled after the prompt, so a replica goes on in the same revision. vLLM returns
+token ids and log-probabilities; the tier's ChunkAssembler turns them into chunks, so text,
+per-token detail and stop sequences are the torch engine's. Admission (engine_lifecycle.py)
+runs at most max_num_seqs requests in vLLM and queues max_queued more. vLLM starts its engine
+core in a spawned process: the tier must be started from a spawn-safe entry
+(services.tier.vllm_server). Knows nothing of gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import replace
+from typing import Any
+
+from services.common.config import TierConfig
+from services.common.errors import Unavailable
+from services.tier.chunking import ChunkAssembler
+from services.tier.engine import GenerationChunk
+from services.tier.engine_lifecycle import EngineLifecycle, ModelFootprint
+from services.tier.model_fingerprint import folder_fingerprint
+from services.tier.prepared_request import PreparedRequest, PromptFormat, held_back_entries
+from services.tier.tokenizer_loading import eos_token_ids, load_tokenizer
+from services.tier.vllm_args import (
+    engine_args,
+    engine_environment,
+    max_num_seqs,
+    sampling_args,
+    top_alternatives,
+)
+
+log = logging.getLogger(__name__)
+
+
+class VllmEngine(EngineLifecycle):
+    name = "vllm"
+
+    def __init__(self, config: TierConfig) -> None:
+        super().__init__(replace(config, max_running=max_num_seqs(config)))
+        self._llm: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
+        self._tokenizer: Any = None
+        self._running: set[str] = set()
+        self.startup_s: dict[str, float] = {}
+
+    def _fingerprint_model(self) -> str:
+        return folder_fingerprint(self._config.model_path)
+
+    async def _start_model(self) -> PromptFormat:
+        cfg = self._config
+        os.environ.update(engine_environment(cfg, os.environ))
+        started = time.perf_counter()
+        from vllm.engine.arg_utils import AsyncEngineArgs  # vLLM: only a vllm tier
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.startup_s["model_code"] = time.perf_counter() - started
+        started = time.perf_counter()
+        self._tokenizer = await asyncio.to_thread(load_tokenizer, cfg.model_path)
+        eos = eos_token_ids(cfg.model_path, self._tokenizer)
+        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args(cfg)))
+        self.startup_s["engine"] = time.perf_counter() - started
+        context = int(self._llm.model_config.max_model_len)
+        vocab = int(self._llm.model_config.get_vocab_size())
+        log.info(
+            "tier %s: vLLM serving %s (context %d, max_num_seqs %d)",
+            cfg.name,
+            cfg.model_path,
+            context,
+            self._config.max_running,
+        )
+        return PromptFormat(self._tokenizer, eos, context, vocab)
+
+    async def _decode(self, prepared: PreparedRequest) -> AsyncGenerator[GenerationChunk, None]:
+        """vLLM's deltas for the prompt's token ids, as the tier's chunks. Closed early (the
+        caller left, a stop sequence, a deadline), the request is aborted in vLLM."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if self._llm is None:
+            raise Unavailable(f"tier {self._config.name}: vLLM is not started")
+        sampling = prepared.sampling
+        detailed = sampling.top_logprobs is not None
+        params = SamplingParams(
+            **sampling_args(sampling, prepared.max_tokens, prepared.eos_token_ids),
+            output_kind=RequestOutputKind.DELTA,
+        )
+        assembler = ChunkAssembler(
+            self._tokenizer,
+            prepared.tokens_per_chunk,
+            prepared.continued,
+            prepared.continued_chars,
+            detailed=detailed,
+            held=held_back_entries(prepared, self._tokenizer),
+        )
+        rid = prepared.request_id
+        prompt = TokensPrompt(prompt_token_ids=list(prepared.prompt_ids))
+        generated, finished = 0, False
+        self._running.add(rid)
+        try:
+            async for output in self._llm.generate(prompt, params, rid):
+                completion = output.outputs[0]
+                steps = completion.logprobs or []
+                count = len(completion.token_ids)
+                for index, token in enumerate(completion.token_ids):
+                    generated += 1
+                    last = output.finished and index == count - 1
+                    finish = prepared.finish_after(token, generated, ended=last)
+                    step = steps[index] if index < len(steps) else {}
+                    ranked = {t: (lp.logprob, lp.rank) for t, lp in step.items()}
+                    logprob = ranked.get(token, (0.0, None))[0]
+                    top = top_alternatives(ranked, sampling.top_logprobs or 0) if detailed else ()
+                    chunk = assembler.add(token, logprob, finish, top)
+                    if chunk is not None:
+                        yield chunk
+                    if finish is not None:
+                        finished = True
+                        return
+            if not finished and not self._closing:
+                raise Unavailable(f"tier {self._config.name}: vLLM ended the answer unfinished")
+        finally:
+            self._running.discard(rid)
+            if not finished and self._llm is not None:
+                with contextlib.suppress(Exception):
+                    await self._llm.abort(rid)
+
+    async def abort(self, request_id: str) -> None:
+        if self._llm is not None and request_id in self._running:
+            await self._llm.abort(request_id)
+
+    def _footprint(self) -> ModelFootprint:
+        return ModelFootprint(model=self._config.model_path.name or "vllm")
+
+    async def _stop_model(self) -> None:
+        if self._llm is None:
+            return
+        for request_id in list(self._running):
+            with contextlib.suppress(Exception):
+                await self._llm.abort(request_id)
+        self._llm.shutdown()
+        self._llm = None

@@ -1,0 +1,19 @@
+"""`python -m services.tier.vllm_server --config TIER.toml`: a tier on vLLM, started from a
+spawn-safe entry (vLLM spawns its engine core process, which imports this module again as
+`__mp_main__`: nothing runs then). The launcher starts it with the interpreter of `.venv-vllm`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def run() -> int:
+    from services.tier.server import main
+
+    return main(Path(__file__).resolve().parents[1] / "tier_large" / "config.toml")
+
+
+if __name__ == "__main__":
+    sys.exit(run())

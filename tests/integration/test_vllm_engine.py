@@ -1,0 +1,216 @@
+"""A tier on vLLM (`engine = "vllm"`): one real tier process running vLLM's async engine on
+SmolLM2-135M-Instruct (CPU, bfloat16), called over gRPC. Its greedy answer is the torch
+engine's; chunks carry token ids and log-probabilities; stop sequences, seeds, cancellation,
+continuation and bad input behave as on every tier."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
+
+from services.common.child_process import Child
+from services.common.config import TierConfig, build_config
+from services.common.ports import free_port
+from services.tier.server import start_tier
+from tests.integration.processes import wait_serving, write_toml
+from tests.integration.vllm_env import smollm2, vllm_python
+
+pytestmark = pytest.mark.timeout(600)
+
+PROMPT = "What is the capital of France?"
+STORY = "Write a long story about a dragon who learns to cook."  # an answer of many tokens
+MAX_TOKENS = 24
+LOAD_S = 300.0
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir() -> Path:
+    return smollm2()
+
+
+@pytest.fixture(scope="module")
+def vllm_tier(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[str]:
+    """One vLLM tier process for the module: two running, one waiting."""
+    python = vllm_python()
+    work = tmp_path_factory.mktemp("vllm-tier")
+    port = free_port()
+    config = write_toml(
+        work / "large.toml",
+        {
+            "name": "large",
+            "engine": "vllm",
+            "model_path": str(smollm2_dir),
+            "dtype": "bfloat16",
+            "port": port,
+            "max_running": 2,
+            "max_queued": 1,
+            "max_tokens": 256,
+            "max_prompt_tokens": 512,
+            "max_model_len": 2048,
+            "torch_threads": 2,
+            "cpu_kvcache_space_gib": 1,
+        },
+        {},
+    )
+    command = [str(python), "-m", "services.tier.vllm_server", "--config", str(config)]
+    child = Child("vllm-large", f"127.0.0.1:{port}", command, work / "tier.log")
+    child.start()
+    try:
+        asyncio.run(wait_serving(child, LOAD_S))
+        yield child.address
+    finally:
+        child.stop()
+
+
+def request(**fields: Any) -> tier_pb2.GenerateRequest:
+    sampling = fields.pop("sampling", {})
+    return tier_pb2.GenerateRequest(
+        request_id=fields.pop("request_id", "r"),
+        messages=[common_pb2.ChatMessage(role="user", content=fields.pop("prompt", PROMPT))],
+        max_tokens=fields.pop("max_tokens", MAX_TOKENS),
+        tokens_per_chunk=1,
+        sampling=common_pb2.SamplingParams(**sampling),
+        **fields,
+    )
+
+
+async def generate(address: str, **fields: Any) -> list[tier_pb2.GenerateChunk]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = tier_pb2_grpc.TierServiceStub(channel)
+        return [chunk async for chunk in stub.Generate(request(**fields))]
+
+
+def ids_of(chunks: list[tier_pb2.GenerateChunk]) -> list[int]:
+    return [t for chunk in chunks for t in chunk.token_ids]
+
+
+def text_of(chunks: list[tier_pb2.GenerateChunk]) -> str:
+    return "".join(chunk.text for chunk in chunks)
+
+
+async def test_the_greedy_answer_is_the_torch_engines(vllm_tier: str, smollm2_dir: Path) -> None:
+    on_vllm = await generate(vllm_tier)
+    fields = {"name": "large", "model_path": str(smollm2_dir), "dtype": "bfloat16"}
+    torch_tier = await start_tier(build_config(TierConfig, fields))
+    try:
+        on_torch = await generate(torch_tier.address)
+    finally:
+        await torch_tier.stop(0)
+    assert text_of(on_vllm) == text_of(on_torch)
+    assert ids_of(on_vllm) == ids_of(on_torch)
+    assert on_vllm[-1].usage.completion_tokens == len(ids_of(on_vllm))
+    assert on_vllm[-1].usage.prompt_tokens == on_torch[-1].usage.prompt_tokens
+    assert on_vllm[-1].model_fingerprint == on_torch[-1].model_fingerprint
+
+
+async def test_chunks_carry_token_ids_and_log_probabilities(vllm_tier: str) -> None:
+    chunks = await generate(vllm_tier, sampling={"top_logprobs": 3})
+    entries = [e for chunk in chunks for e in chunk.token_logprobs]
+    ids = ids_of(chunks)
+    assert len(ids) == len(entries) > 1
+    assert "".join(e.text for e in entries) == text_of(chunks)
+    for token, entry, logprob in zip(
+        ids, entries, [lp for c in chunks for lp in c.logprobs], strict=True
+    ):
+        assert len(entry.top) == 3
+        assert entry.top[0].token_id == token  # greedy: the likeliest token is the one chosen
+        assert entry.top[0].logprob == pytest.approx(logprob, abs=1e-4)
+        assert entry.logprob == pytest.approx(logprob, abs=1e-4)
+        assert [t.logprob for t in entry.top] == sorted(
+            (t.logprob for t in entry.top), reverse=True
+        )
+        assert logprob <= 0.0
+
+
+async def test_a_stop_sequence_ends_the_answer_before_it(vllm_tier: str) -> None:
+    whole = text_of(await generate(vllm_tier))
+    stop = whole.split()[2]
+    chunks = await generate(vllm_tier, sampling={"stop": [stop]})
+    assert text_of(chunks) == whole[: whole.index(stop)]
+    assert chunks[-1].finish_reason == "stop"
+    assert chunks[-1].stop_sequence == stop
+
+
+async def test_a_seed_gives_the_same_sampled_answer(vllm_tier: str) -> None:
+    sampling = {"temperature": 1.0, "seed": 7}
+    first = await generate(vllm_tier, sampling=sampling, request_id="a")
+    second = await generate(vllm_tier, sampling=sampling, request_id="b")
+    assert ids_of(first) == ids_of(second)
+    assert text_of(first) == text_of(second)
+
+
+async def running(address: str) -> int:
+    async with grpc.aio.insecure_channel(address) as channel:
+        status = await tier_pb2_grpc.TierServiceStub(channel).GetStatus(tier_pb2.GetStatusRequest())
+        return int(status.running)
+
+
+async def test_a_cancelled_stream_frees_its_slot(vllm_tier: str) -> None:
+    async with grpc.aio.insecure_channel(vllm_tier) as channel:
+        call = tier_pb2_grpc.TierServiceStub(channel).Generate(
+            request(prompt=STORY, max_tokens=256, request_id="cancelled")
+        )
+        first = await call.read()
+        assert first.token_ids
+        assert await running(vllm_tier) == 1
+        call.cancel()
+    while await running(vllm_tier):  # the slot is freed once vLLM has aborted the request
+        await asyncio.sleep(0.1)
+    assert ids_of(await generate(vllm_tier, max_tokens=4))  # and the tier goes on serving
+
+
+async def test_full_means_resource_exhausted_with_a_retry_delay(vllm_tier: str) -> None:
+    async with grpc.aio.insecure_channel(vllm_tier) as channel:
+        stub = tier_pb2_grpc.TierServiceStub(channel)
+        calls = [
+            stub.Generate(request(prompt=STORY, max_tokens=256, request_id=f"f{n}"))
+            for n in range(2)
+        ]
+        for call in calls:
+            await call.read()  # both running (max_num_seqs 2)
+        waiting = stub.Generate(request(max_tokens=4, request_id="waits"))
+        while await running(vllm_tier) < 2:
+            await asyncio.sleep(0.1)
+        refused = stub.Generate(request(max_tokens=4, request_id="refused"))
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await refused.read()
+        assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        keys = [key for key, _ in raised.value.trailing_metadata() or ()]
+        assert "grpc-status-details-bin" in keys
+        for call in calls:
+            call.cancel()
+        assert [c async for c in waiting][-1].finish_reason
+
+
+async def test_a_continuation_equals_the_unbroken_answer(vllm_tier: str) -> None:
+    whole = await generate(vllm_tier)
+    ids = ids_of(whole)
+    k = len(ids) // 2
+    had = text_of(whole[:k])
+    rest = await generate(vllm_tier, continue_token_ids=ids[:k], continue_text_chars=len(had))
+    assert ids_of(rest) == ids[k:]
+    assert had + text_of(rest) == text_of(whole)
+    assert rest[-1].usage.prompt_tokens == whole[-1].usage.prompt_tokens + k
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"prompt": "word " * 600}, "prompt"),
+        ({"continue_token_ids": [10**6]}, "continue_token_ids[0]"),
+        ({"max_tokens": 5000}, "max_tokens"),
+    ],
+)
+async def test_bad_input_is_invalid_argument(
+    vllm_tier: str, fields: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await generate(vllm_tier, **fields)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in (raised.value.details() or "")
