@@ -12,18 +12,38 @@ no servers, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from services.common.tiers import TIER_NAMES
-from services.routing.outcomes import Outcome
 
 RESAMPLES = 1000
 CONFIDENCE = 0.95
 SEED = 0
+
+
+class TierAnswer(Protocol):
+    @property
+    def correct(self) -> bool: ...
+    @property
+    def tokens(self) -> int: ...
+
+
+class Outcome(Protocol):
+    """What the intervals read of a measured request (outcomes.Outcome, named here by shape
+    so the bench can use this module without the labelling code outcomes.py brings)."""
+
+    @property
+    def tiers(self) -> Mapping[str, TierAnswer]: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def phrasing(self) -> str: ...
+    @property
+    def request_class(self) -> str: ...
 
 
 @dataclass(frozen=True)
