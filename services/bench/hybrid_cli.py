@@ -20,6 +20,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn
 
 from services.bench.cost_curve_cli import echo_settings, run_cost_curve_command
 from services.bench.costs import DEFAULT_PRICES, load_prices
+from services.bench.drift_bench import DRIFT, add_drift_options, run_drift_command
 from services.bench.hybrid_bench import (
     BenchError,
     LoadOptions,
@@ -86,7 +87,7 @@ def plain_configuration_names(value: str) -> list[str]:
 def add_common_options(parser: argparse.ArgumentParser, *, sweep: bool) -> None:
     """Options `tiermesh bench` and `tiermesh bench sweep` share (mesh, load, output)."""
     load = parser.add_argument_group("load")
-    overload = () if sweep else (OVERLOAD,)
+    overload = () if sweep else (OVERLOAD, DRIFT)
     load.add_argument("--scenario", choices=(*SCENARIOS, *overload), default="long-tail")
     load.add_argument("--mix", help="class weights, e.g. simple=0.9,complex=0.1")
     load.add_argument("--seed", type=int, default=0, help="seeds arrivals and requests")
@@ -155,6 +156,7 @@ def register_hybrid(bench: argparse.ArgumentParser, kinds: Any) -> None:
         "(services/bench/relay_floor.py) beside the gateway: the least any relay adds here",
     )
     add_overload_options(bench)
+    add_drift_options(bench)
     bench.set_defaults(func=cmd_bench)
     sweep = kinds.add_parser(
         "sweep",
@@ -291,6 +293,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     console = report_console(args.json)
     if args.scenario == OVERLOAD:
         return run_overload_command(args, console, functools.partial(mesh_target, args, console))
+    if args.scenario == DRIFT:
+        return run_drift_command(args, console, functools.partial(mesh_target, args, console))
     try:
         scenario = bench_scenario(args)
         if args.target == "openai":
