@@ -153,6 +153,7 @@ def plan_chat(
         tiers = (_configured(tier, "tier", config),)
         policy, reason = choice.policy, choice.reason + why
     routed = chat.mode == router_pb2.MODE_ROUTED
+    escalating = chat.mode == router_pb2.MODE_PROGRESSIVE and chat.gate == ESCALATE
     generate = tier_pb2.GenerateRequest(
         max_tokens=chat.max_tokens,
         fit_max_tokens_to_context=not chat.max_tokens_set,
@@ -183,7 +184,7 @@ def plan_chat(
         retry_first_token=routed,
         gate=chat.gate,
         min_confidence=config.min_draft_confidence,
-        escalation=escalation_of(config) if chat.gate == ESCALATE else None,
+        escalation=escalation_of(config) if escalating else None,
         choice=choice,
         note=note,
         priority=chat.priority,

@@ -89,3 +89,16 @@ def test_the_plan_holds_the_chain_from_the_first_tier_up(
     score: float, down: dict[str, str], tiers: tuple[str, ...], reason: str
 ) -> None:
     assert _plan(score, down) == (tiers, reason)
+
+
+@pytest.mark.parametrize("mode", [router_pb2.MODE_ROUTED, router_pb2.MODE_PINNED])
+def test_the_configured_gate_escalate_leaves_other_modes_alone(
+    mode: router_pb2.Mode.ValueType,
+) -> None:
+    tiers = {t: "x:1" for t in ("small", "medium", "large")}
+    config = build_config(RouterConfig, {"tiers": tiers, "progressive_gate": "escalate"})
+    request = router_pb2.ChatRequest(prompt="Hi", mode=mode, tier="medium")
+    chat = check_chat_request(request, config)
+    choice = RouteChoice("medium", 0.1, "cost_target", "why")
+    plan = plan_chat(chat, config, {}, lambda t: None, choice)
+    assert plan.tiers == ("medium",) and plan.escalation is None
