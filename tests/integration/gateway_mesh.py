@@ -87,10 +87,12 @@ LONG = {"max_tokens": 400}  # room for streams that tests leave while they still
 
 def module_gateway(tmp_path: Path, model_dir: Path) -> Iterator[GatewayMesh]:
     """Body of a module-scoped fixture: the mesh and gateway, with the large tier on other
-    weights than the small one so that a refinement visibly replaces the draft."""
+    weights than the small one so that a refinement visibly replaces the draft (progressive gate
+    `always`: every progressive chat is a draft and its refinement)."""
     other = build_tiny_model(tmp_path, seed=7)
+    router = {**LONG, "progressive_gate": "always"}
     mesh = GatewayMesh.start(
-        model_dir, models={"large": other}, tier_options=LONG, router_options=LONG
+        model_dir, models={"large": other}, tier_options=LONG, router_options=router
     )
     yield mesh
     mesh.stop()

@@ -61,7 +61,9 @@ async def test_a_prompt_the_draft_tier_cannot_hold_is_answered_by_the_refine_tie
     mesh = await start_mesh(tiny_model_dir, models={"small": short_model_dir})
     try:
         async with AsyncRouterClient(mesh.address) as client:
-            result = await client.chat(messages=conversation(6), mode="progressive")
+            result = await client.chat(
+                messages=conversation(6), mode="progressive", progressive_gate="always"
+            )
         assert (result.revision, result.tier) == (0, "large")
         reason = result.final.reason
         assert reason.startswith("draft tier small failed (INVALID_ARGUMENT: prompt: ")
@@ -79,7 +81,9 @@ async def test_a_prompt_no_tier_holds_is_refused_naming_the_largest_context(
     try:
         async with AsyncRouterClient(mesh.address) as client:
             with pytest.raises(ChatError) as refused:
-                await client.chat(messages=conversation(12), mode="progressive")
+                await client.chat(
+                    messages=conversation(12), mode="progressive", progressive_gate="always"
+                )
         assert refused.value.code == "INVALID_ARGUMENT"
         assert "exceeds the largest context of the tiers that could take it (64 tokens)" in (
             refused.value.message

@@ -128,7 +128,10 @@ async def test_router_over_echo_tiers_answers_deterministically() -> None:
     try:
         async with AsyncRouterClient(mesh.address) as client:
             answers = [
-                await client.chat(PROMPT, mode="progressive", max_tokens=12) for _ in range(2)
+                await client.chat(
+                    PROMPT, mode="progressive", progressive_gate="always", max_tokens=12
+                )
+                for _ in range(2)
             ]
             pinned = await client.chat(PROMPT, mode="pinned", tier="small", max_tokens=7)
     finally:

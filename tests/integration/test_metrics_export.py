@@ -72,7 +72,8 @@ def test_prometheus_scrape_after_chats_has_genai_buckets(
                         client.chat("What is your return policy?" * (1 + n),
                                     mode="pinned", tier="small", max_tokens=8 + 16 * n)
                         for n in range(4)))
-                    await client.chat("Hi", mode="progressive", max_tokens=8)
+                    await client.chat("Hi", mode="progressive", progressive_gate="always",
+                                      max_tokens=8)
                     try:
                         await client.chat("Hi", mode="pinned", tier="small", max_tokens=100_000)
                     except ChatError as e:

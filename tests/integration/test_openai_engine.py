@@ -169,7 +169,9 @@ async def test_a_router_drafts_and_refines_through_remote_tiers(remote: GatewayM
     try:
         async with AsyncRouterClient(router.address) as client:
             pinned = await client.chat(PROMPT, mode="pinned", tier="small", max_tokens=8)
-            progressive = await client.chat(PROMPT, mode="progressive", max_tokens=9)
+            progressive = await client.chat(
+                PROMPT, mode="progressive", progressive_gate="always", max_tokens=9
+            )
             leaving = client.chat_stream(PROMPT, mode="pinned", tier="small", max_tokens=200)
             async for event in leaving:  # until the remote's first text has come through
                 if isinstance(event, DeltaEvent):

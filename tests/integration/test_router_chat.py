@@ -46,7 +46,12 @@ def texts_by_revision(events: list) -> dict[int, str]:
 
 async def test_progressive_streams_draft_then_refinement(mesh: Mesh) -> None:
     async with AsyncRouterClient(mesh.address) as client:
-        events = [e async for e in client.chat_stream(PROMPT, mode="progressive", max_tokens=24)]
+        events = [
+            e
+            async for e in client.chat_stream(
+                PROMPT, mode="progressive", progressive_gate="always", max_tokens=24
+            )
+        ]
     kinds = [type(e).__name__ for e in events]
     assert isinstance(events[0], RouteEvent)
     assert events[0].tiers == ("small", "large")
@@ -76,7 +81,9 @@ async def test_progressive_kept_prefix_with_different_models(
     mesh = await start_mesh(tiny_model_dir, models={"large": second_model_dir})
     try:
         async with AsyncRouterClient(mesh.address) as client:
-            result = await client.chat(PROMPT, mode="progressive", max_tokens=16)
+            result = await client.chat(
+                PROMPT, mode="progressive", progressive_gate="always", max_tokens=16
+            )
         texts = texts_by_revision(result.events)
         assert texts[0] != texts[1]
         start1 = next(
@@ -122,7 +129,9 @@ async def test_progressive_with_refine_tier_down_is_refined_by_its_fallback(
     mesh = await start_mesh(tiny_model_dir, tiers=("small", "medium"), down=("large",))
     try:
         async with AsyncRouterClient(mesh.address) as client:
-            result = await client.chat(PROMPT, mode="progressive", max_tokens=8)
+            result = await client.chat(
+                PROMPT, mode="progressive", progressive_gate="always", max_tokens=8
+            )
         route = result.events[0]
         assert isinstance(route, RouteEvent) and route.tiers == ("small", "medium")
         assert "large load stream broken (UNAVAILABLE) → refined by medium" in route.reason
@@ -136,7 +145,9 @@ async def test_progressive_with_no_refine_tier_up_ends_on_the_draft(tiny_model_d
     mesh = await start_mesh(tiny_model_dir, tiers=("small",), down=("medium", "large"))
     try:
         async with AsyncRouterClient(mesh.address) as client:
-            result = await client.chat(PROMPT, mode="progressive", max_tokens=8)
+            result = await client.chat(
+                PROMPT, mode="progressive", progressive_gate="always", max_tokens=8
+            )
         assert result.revision == 0 and result.tier == "small"
         assert "refinement by large failed" in result.final.reason
         assert "UNAVAILABLE" in result.final.reason
@@ -149,7 +160,9 @@ async def test_progressive_refine_over_budget_keeps_the_draft(tiny_model_dir: Pa
     mesh = await start_mesh(tiny_model_dir, router_options={"refine_budget_ms": 1})
     try:
         async with AsyncRouterClient(mesh.address) as client:
-            result = await client.chat(PROMPT, mode="progressive", max_tokens=64)
+            result = await client.chat(
+                PROMPT, mode="progressive", progressive_gate="always", max_tokens=64
+            )
         assert result.revision == 0
         assert "exceeded its 1 ms budget" in result.final.reason
         await mesh.wait_idle("large")
@@ -161,7 +174,9 @@ async def test_progressive_with_draft_tier_down_answers_from_refine(tiny_model_d
     mesh = await start_mesh(tiny_model_dir, tiers=("medium", "large"), down=("small",))
     try:
         async with AsyncRouterClient(mesh.address) as client:
-            result = await client.chat(PROMPT, mode="progressive", max_tokens=8)
+            result = await client.chat(
+                PROMPT, mode="progressive", progressive_gate="always", max_tokens=8
+            )
         assert (result.revision, result.tier, result.final.revisions) == (0, "large", 1)
         route = result.events[0]
         assert isinstance(route, RouteEvent) and route.tiers == ("large",)

@@ -190,7 +190,7 @@ async def test_adaptive_learns_from_feedback_and_refinements(tiny_model_dir, art
             assert policy.updates == 0
             assert await client.feedback("a-1", 1.0)
             assert policy.updates == 1
-            await client.chat(SIMPLE, mode="progressive", max_tokens=4)
+            await client.chat(SIMPLE, mode="progressive", progressive_gate="always", max_tokens=4)
             assert policy.updates == 3  # the draft tier and the refine tier
     finally:
         await mesh.stop()

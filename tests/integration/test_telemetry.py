@@ -66,7 +66,9 @@ async def test_one_trace_from_sdk_to_engine(
     mesh: Mesh, spans: InMemorySpanExporter, tiny_model_dir: Path
 ) -> None:
     async with AsyncRouterClient(mesh.address) as client:
-        result = await client.chat(PROMPT, mode="progressive", max_tokens=12)
+        result = await client.chat(
+            PROMPT, mode="progressive", progressive_gate="always", max_tokens=12
+        )
     await asyncio.sleep(0.1)  # the tiers end their spans after the last message is sent
     finished = spans.get_finished_spans()
     assert len({s.context.trace_id for s in finished}) == 1
@@ -133,7 +135,9 @@ async def test_cancelled_stream_spans_end_promptly_as_cancelled(
     mesh: Mesh, spans: InMemorySpanExporter
 ) -> None:
     async with AsyncRouterClient(mesh.address) as client:
-        await leave_after_first_delta(client, PROMPT, mode="progressive", max_tokens=400)
+        await leave_after_first_delta(
+            client, PROMPT, mode="progressive", progressive_gate="always", max_tokens=400
+        )
     wanted = {("router Chat", SpanKind.SERVER), ("chat small", SpanKind.SERVER)}
     for _ in range(100):  # at most 2 s
         done = {(s.name, s.kind) for s in spans.get_finished_spans()}
@@ -217,7 +221,7 @@ async def test_metrics_recorded_for_a_progressive_chat(
     reader = captured[1]
     reader.get_metrics_data()  # start from a clean slate of cumulative values
     async with AsyncRouterClient(mesh.address) as client:
-        await client.chat(PROMPT, mode="progressive", max_tokens=8)
+        await client.chat(PROMPT, mode="progressive", progressive_gate="always", max_tokens=8)
     await asyncio.sleep(0.1)
     points = _metric_points(reader)
     for name in (
@@ -256,7 +260,7 @@ async def test_genai_metrics_carry_the_required_attributes_and_one_model_identit
 ) -> None:
     reader = captured[1]
     async with AsyncRouterClient(mesh.address) as client:
-        await client.chat(PROMPT, mode="progressive", max_tokens=8)
+        await client.chat(PROMPT, mode="progressive", progressive_gate="always", max_tokens=8)
     await asyncio.sleep(0.1)
     points = _metric_points(reader)
     for name in GENAI_METRICS:

@@ -140,7 +140,11 @@ async def test_through_the_router_every_revision_lists_its_tokens(mesh: Mesh) ->
         events = [
             e
             async for e in client.chat_stream(
-                QUESTION, mode="progressive", max_tokens=16, top_logprobs=2
+                QUESTION,
+                mode="progressive",
+                progressive_gate="always",
+                max_tokens=16,
+                top_logprobs=2,
             )
         ]
         plain = [e async for e in client.chat_stream(QUESTION, mode="pinned", tier="small")]

@@ -42,9 +42,9 @@ def build_request(
     0 for greedy decoding; `stop` up to 4 stop sequences (each answer ends just before the
     first it would contain); `top_logprobs` (0-20) for every token's text and log-probability
     with that many of the most likely tokens at each step, on each DeltaEvent
-    (`token_logprobs`); `progressive_gate` always, race or cascade (empty: the router's);
-    `priority` interactive, batch or critical (who goes first under overload). The router
-    validates the rest and answers INVALID_ARGUMENT."""
+    (`token_logprobs`); `progressive_gate` always, race, cascade or escalate (empty: the
+    router's); `priority` interactive, batch or critical (who goes first under overload). The
+    router validates the rest and answers INVALID_ARGUMENT."""
     if mode not in MODES:
         raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
     if priority not in PRIORITIES:
