@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator
-from dataclasses import replace
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from services.common.config import TierConfig
@@ -42,6 +44,53 @@ from services.tier.vllm_args import (
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class VllmStats:
+    """What vLLM's scheduler reported last (its stat logger writes here after each step)."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0  # share of the KV-cache blocks in use, in [0, 1]
+    kv_peak: float = 0.0
+
+
+def stat_logger(stats: VllmStats) -> Callable[[Any, int], Any]:
+    """A vLLM stat-logger factory whose loggers keep the scheduler's counts in `stats`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class Recorder(StatLoggerBase):  # type: ignore[misc]
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(
+            self,
+            scheduler_stats: Any,
+            iteration_stats: Any,
+            mm_cache_stats: Any = None,
+            engine_idx: int = 0,
+        ) -> None:
+            if scheduler_stats is not None:
+                stats.running = int(scheduler_stats.num_running_reqs)
+                stats.waiting = int(scheduler_stats.num_waiting_reqs)
+                stats.kv_usage = float(scheduler_stats.kv_cache_usage)
+                stats.kv_peak = max(stats.kv_peak, stats.kv_usage)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return Recorder
+
+
+def model_size(path: Path) -> tuple[int, int]:
+    """The folder's parameters (from tiermesh.json, 0 if not known) and weight bytes."""
+    weights = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    try:
+        params = int(json.loads((path / "tiermesh.json").read_text()).get("params", 0))
+    except (OSError, ValueError):
+        params = 0
+    return params, weights
+
+
 class VllmEngine(EngineLifecycle):
     name = "vllm"
 
@@ -50,6 +99,9 @@ class VllmEngine(EngineLifecycle):
         self._llm: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
         self._tokenizer: Any = None
         self._running: set[str] = set()
+        self._stats = VllmStats()
+        self._kv_capacity_tokens = 0
+        self._size = (0, 0)  # parameters, weight bytes
         self.startup_s: dict[str, float] = {}
 
     def _fingerprint_model(self) -> str:
@@ -66,8 +118,13 @@ class VllmEngine(EngineLifecycle):
         started = time.perf_counter()
         self._tokenizer = await asyncio.to_thread(load_tokenizer, cfg.model_path)
         eos = eos_token_ids(cfg.model_path, self._tokenizer)
-        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args(cfg)))
+        self._llm = AsyncLLM.from_engine_args(
+            AsyncEngineArgs(**engine_args(cfg)), stat_loggers=[stat_logger(self._stats)]
+        )
         self.startup_s["engine"] = time.perf_counter() - started
+        cache = self._llm.vllm_config.cache_config
+        self._kv_capacity_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size)
+        self._size = await asyncio.to_thread(model_size, cfg.model_path)
         context = int(self._llm.model_config.max_model_len)
         vocab = int(self._llm.model_config.get_vocab_size())
         log.info(
@@ -138,7 +195,17 @@ class VllmEngine(EngineLifecycle):
             await self._llm.abort(request_id)
 
     def _footprint(self) -> ModelFootprint:
-        return ModelFootprint(model=self._config.model_path.name or "vllm")
+        """The model's size and vLLM's KV cache: its capacity in tokens and the share in use
+        at vLLM's last scheduler step (and the most since start)."""
+        capacity, stats = self._kv_capacity_tokens, self._stats
+        return ModelFootprint(
+            model=self._config.model_path.name or "vllm",
+            params=self._size[0],
+            weights_bytes=self._size[1],
+            kv_pool_capacity_tokens=capacity,
+            kv_pool_used_tokens=round(stats.kv_usage * capacity),
+            kv_pool_peak_tokens=round(stats.kv_peak * capacity),
+        )
 
     async def _stop_model(self) -> None:
         if self._llm is None:

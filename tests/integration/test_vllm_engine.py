@@ -145,10 +145,23 @@ async def test_a_seed_gives_the_same_sampled_answer(vllm_tier: str) -> None:
     assert text_of(first) == text_of(second)
 
 
-async def running(address: str) -> int:
+async def status(address: str) -> tier_pb2.TierStatus:
     async with grpc.aio.insecure_channel(address) as channel:
-        status = await tier_pb2_grpc.TierServiceStub(channel).GetStatus(tier_pb2.GetStatusRequest())
-        return int(status.running)
+        stub = tier_pb2_grpc.TierServiceStub(channel)
+        return await stub.GetStatus(tier_pb2.GetStatusRequest())
+
+
+async def running(address: str) -> int:
+    return int((await status(address)).running)
+
+
+async def test_the_status_reports_vllms_engine_and_kv_cache(vllm_tier: str) -> None:
+    await generate(vllm_tier, max_tokens=8)
+    now = await status(vllm_tier)
+    assert (now.engine, now.serving, now.max_running, now.max_queued) == ("vllm", True, 2, 1)
+    assert now.kv_pool_capacity_tokens > 0
+    assert 0 < now.kv_pool_peak_tokens <= now.kv_pool_capacity_tokens
+    assert now.params > 100_000_000 and now.weights_bytes > 0
 
 
 async def test_a_cancelled_stream_frees_its_slot(vllm_tier: str) -> None:
