@@ -40,6 +40,9 @@ class TierConfig:
     port: int = 0  # 0 = any free port (tests)
     max_running: int = 4  # requests decoding at once (= KV-cache pool slots when batching)
     max_queued: int = 16  # admitted requests waiting for a slot; past it RESOURCE_EXHAUSTED
+    # share of max_running (rounded down) only critical requests may take, so one starts at once
+    # while interactive and batch fill the rest; 0 = none (the built-in tiers keep 0.1)
+    critical_reserve: float = 0.0
     max_tokens: int = 256  # most tokens one request may generate
     max_prompt_tokens: int = 512  # longest rendered prompt accepted, in tokens
     tokens_per_chunk: int = 4  # tokens per streamed chunk after the first
@@ -118,6 +121,7 @@ class TierConfig:
                 f"must be one http(s)://HOST[:PORT]/v1 URL for engine openai, got "
                 f"{self.remote_url!r}",
             )
+        _require(0.0 <= self.critical_reserve < 1.0, "critical_reserve", "must be in [0, 1)")
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             _require(getattr(self, name) >= 1, name, "must be >= 1")
         _require(

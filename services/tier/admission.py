@@ -18,8 +18,8 @@ Priorities (queue_order.py): a freed slot goes to the waiting request of the hig
 (critical, then interactive, then batch), each priority in arrival order, and a request's
 expected wait counts only the requests it waits behind. At a full queue a request takes the
 place of the newest waiting request of a lower priority, which is refused instead: under
-pressure batch absorbs the refusals. A tenth of the running slots (CRITICAL_RESERVE) is kept for
-critical requests, so one starts at once while the others fill the rest. Knows nothing of
+pressure batch absorbs the refusals. A share of the running slots (`critical_reserve`) may be
+kept for critical requests, so one starts at once while the others fill the rest. Knows nothing of
 models or gRPC. Not thread-safe: use from one event loop.
 """
 
@@ -46,9 +46,6 @@ RATIO_WEIGHT = 0.2  # weight of the newest real / expected wait in its running a
 # (down to 0.5) queued requests expected at up to twice the budget that then waited past the
 # LATE_FACTOR backstop, refused after 10 s instead of at once
 RATIO_BOUNDS = (1.0, 4.0)
-# a tenth of the running slots (rounded down: none below 10) only critical requests may take, so
-# one finds a slot at once while interactive and batch fill the rest
-CRITICAL_RESERVE = 0.1
 
 
 class QueueRefused(Overloaded):
@@ -81,13 +78,16 @@ class Admission:
         max_queued: int,
         max_wait_s: float = MAX_WAIT_S,
         clock: Callable[[], float] = time.monotonic,
+        critical_reserve: float = 0.0,
     ) -> None:
+        """`critical_reserve`: the share of `max_running` (rounded down) only critical
+        requests may take."""
         self.max_running = max_running
         self.max_queued = max_queued
         self.max_wait_s = max_wait_s
         self.running = 0
         self.queued = 0
-        self.reserve = int(max_running * CRITICAL_RESERVE)  # slots kept for critical requests
+        self.reserve = int(max_running * critical_reserve)  # slots kept for critical requests
         self._running_critical = 0
         self.rejected = 0
         self.late_refusals = 0  # refused after waiting in the queue (the estimate was wrong)

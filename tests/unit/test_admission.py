@@ -160,7 +160,7 @@ async def test_a_waiter_cancelled_as_its_slot_is_handed_over_passes_the_slot_on(
 
 
 async def test_a_tenth_of_the_slots_is_kept_for_critical_requests() -> None:
-    admission = Admission(max_running=10, max_queued=4)
+    admission = Admission(max_running=10, max_queued=4, critical_reserve=0.1)
     assert admission.reserve == 1
     release = asyncio.Event()
     started: list[str] = []
@@ -179,11 +179,12 @@ async def test_a_tenth_of_the_slots_is_kept_for_critical_requests() -> None:
     release.set()
     await asyncio.gather(*tasks, critical)
     assert (admission.running, admission.queued) == (0, 0)
-    assert Admission(max_running=9, max_queued=0).reserve == 0  # under 10 slots, none kept
+    assert Admission(max_running=9, max_queued=0, critical_reserve=0.1).reserve == 0  # rounded down
+    assert Admission(max_running=64, max_queued=0).reserve == 0  # none unless configured
 
 
 async def test_a_slot_a_critical_request_leaves_is_kept_for_the_next_one() -> None:
-    admission = Admission(max_running=10, max_queued=4)
+    admission = Admission(max_running=10, max_queued=4, critical_reserve=0.1)
     hold, critical_done = asyncio.Event(), asyncio.Event()
     started: list[str] = []
 
