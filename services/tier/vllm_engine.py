@@ -163,8 +163,9 @@ class VllmEngine(EngineLifecycle):
         prompt = TokensPrompt(prompt_token_ids=list(prepared.prompt_ids))
         generated, finished = 0, False
         self._running.add(rid)
+        outputs = self._llm.generate(prompt, params, rid)
         try:
-            async for output in self._llm.generate(prompt, params, rid):
+            async for output in outputs:
                 completion = output.outputs[0]
                 steps = completion.logprobs or []
                 count = len(completion.token_ids)
@@ -177,15 +178,16 @@ class VllmEngine(EngineLifecycle):
                     logprob = ranked.get(token, (0.0, None))[0]
                     top = top_alternatives(ranked, sampling.top_logprobs or 0) if detailed else ()
                     chunk = assembler.add(token, logprob, finish, top)
+                    finished = finish is not None  # vLLM is done with it: nothing to abort
                     if chunk is not None:
                         yield chunk
-                    if finish is not None:
-                        finished = True
+                    if finished:
                         return
             if not finished and not self._closing:
                 raise Unavailable(f"tier {self._config.name}: vLLM ended the answer unfinished")
         finally:
             self._running.discard(rid)
+            await outputs.aclose()  # closed early, vLLM's stream aborts the request itself
             if not finished and self._llm is not None:
                 with contextlib.suppress(Exception):
                     await self._llm.abort(rid)
