@@ -113,6 +113,13 @@ VARIABLES: dict[str, Variable] = {
     # already so (services.training.cli): malloc reads its settings only at process start, and
     # keeps big tensor buffers mapped (4 GiB) and freed memory for reuse (64 GiB) with them; the
     # tokenizer's own thread pool would fight torch's for the cores unless `false`
+    # a vLLM tier (services.launcher.vllm_tiers): the interpreter of the environment holding
+    # vLLM when the tier config names none; and what vLLM reads at start, which the tier sets
+    # from its config unless the environment has them (services.tier.vllm_args): GiB of memory
+    # for the KV cache on CPU, and the threads of each CPU worker
+    "TIERMESH_VLLM_PYTHON": Variable(Path, ".venv-vllm/bin/python in the checkout"),
+    "VLLM_CPU_KVCACHE_SPACE": Variable(float, "the tier's cpu_kvcache_space_gib"),
+    "OMP_NUM_THREADS": Variable(int, "the tier's torch_threads"),
     "MALLOC_MMAP_THRESHOLD_": Variable(int, "glibc's"),
     "MALLOC_TRIM_THRESHOLD_": Variable(int, "glibc's"),
     "TOKENIZERS_PARALLELISM": Variable(str, "true"),

@@ -45,10 +45,12 @@ def max_num_seqs(config: TierConfig) -> int:
 def engine_environment(config: TierConfig, environ: Mapping[str, str]) -> dict[str, str]:
     """The variables vLLM reads at start that the tier sets unless the caller's environment
     has them: the CPU KV-cache size (GiB) and the threads per CPU worker."""
-    wanted = {"VLLM_CPU_KVCACHE_SPACE": f"{config.cpu_kvcache_space_gib:g}"}
-    if config.device == "cpu":
+    wanted: dict[str, str] = {}
+    if "VLLM_CPU_KVCACHE_SPACE" not in environ:
+        wanted["VLLM_CPU_KVCACHE_SPACE"] = f"{config.cpu_kvcache_space_gib:g}"
+    if config.device == "cpu" and "OMP_NUM_THREADS" not in environ:
         wanted["OMP_NUM_THREADS"] = str(config.torch_threads)
-    return {name: value for name, value in wanted.items() if name not in environ}
+    return wanted
 
 
 def sampling_args(sampling: Sampling, max_tokens: int, stop_ids: frozenset[int]) -> dict[str, Any]:
