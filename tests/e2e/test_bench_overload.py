@@ -1,5 +1,5 @@
 """`tiermesh bench --scenario overload` end to end at a tiny scale: its own mesh of echo tiers
-with 4 running slots and 8 queued each, an unloaded pass, a two-step capacity ramp and 4x that
+with 4 running slots and 8 queued each, an unloaded pass, a two-step capacity ramp and 8x that
 rate for a few seconds; the JSON's shape, and overload moving or refusing chats. (The numbers
 are for the benchmark, not the test.)"""
 
@@ -16,14 +16,17 @@ PRIORITIES = ("interactive", "batch", "critical")
 
 @pytest.mark.timeout(300)
 def test_overload_scenario_with_small_echo_tiers(tmp_path) -> None:
-    command = ["bench", "--scenario", "overload", "--load", "4", "--duration", "3"]
+    # 8x for 5 s: 35 capacity-seconds of chats more than the mesh answers meanwhile, past what
+    # the tiers' slots and queues hold (3 x (4 + 8)) once capacity is over 1 req/s: some are
+    # moved or refused whatever the machine's speed
+    command = ["bench", "--scenario", "overload", "--load", "8", "--duration", "5"]
     command += ["--capacity-s", "4", "--unloaded-s", "2", "--max-tokens", "20"]
     command += ["--engine", "echo", "--echo-tokens-per-s", "10"]
     command += ["--echo-max-running", "4", "--echo-max-queued", "8", "--json"]
     report, _ = json_command(command, tmp_path / "run", timeout=280)
-    assert report["benchmark"] == "overload" and report["load"] == 4.0
+    assert report["benchmark"] == "overload" and report["load"] == 8.0
     assert report["capacity_rps"] > 0 and report["answered_rps"] > 0
-    assert report["rate_rps"] == pytest.approx(4 * report["capacity_rps"], rel=1e-3)
+    assert report["rate_rps"] == pytest.approx(8 * report["capacity_rps"], rel=1e-3)
     for priority in PRIORITIES:
         row = report[priority]
         assert set(row) >= {"sent", "answered_share", "stepped_down_share"}
