@@ -199,28 +199,26 @@ def route_eval(
         "static_threshold_tuned_on_dev": static_dev,
         "adaptive_learning_curve": curve,
     }
-    # the router's gate as it ships (RouterConfig's escalate thresholds), by its own decision
-    shipped = escalation_of(RouterConfig())
-    tiers, each = escalation_per_request(outcomes, model, costs, shipped)
-    result = RoutingResult(
-        accuracy=float(each.correct.mean()),
-        cost=float(each.cost.mean()),
-        share=evaluate_choices(outcomes, tiers, costs).share,
-        misroute_rate=float((each.too_small + each.too_big).mean()),
-    )
-    row = _row("escalate", result, large, costs, cost_weight, 0.0)
-    report["escalate"] = with_intervals(row, tiers, each) | {"thresholds": asdict(shipped)}
-    if tuning is not None:
-        cascade = tune_cascade(model, tuning, costs)
-        tiers, each = cascade_per_request(outcomes, model, costs, cascade)
+
+    def every_tier_paid(name: str, tiers: list[str], each: PerRequest) -> dict[str, Any]:
+        """The row of a policy that may run several tiers per request (each one paid)."""
         result = RoutingResult(
             accuracy=float(each.correct.mean()),
             cost=float(each.cost.mean()),
             share=evaluate_choices(outcomes, tiers, costs).share,
             misroute_rate=float((each.too_small + each.too_big).mean()),
         )
-        row = _row("cascade", result, large, costs, cost_weight, 0.0)
-        report["cascade"] = with_intervals(row, tiers, each) | {
+        return with_intervals(_row(name, result, large, costs, cost_weight, 0.0), tiers, each)
+
+    # the router's gate as it ships (RouterConfig's escalate thresholds), by its own decision
+    shipped = escalation_of(RouterConfig())
+    escalated = escalation_per_request(outcomes, model, costs, shipped)
+    report["escalate"] = every_tier_paid("escalate", *escalated) | {"thresholds": asdict(shipped)}
+    if tuning is not None:
+        cascade = tune_cascade(model, tuning, costs)
+        report["cascade"] = every_tier_paid(
+            "cascade", *cascade_per_request(outcomes, model, costs, cascade)
+        ) | {
             "tuned_on_dev": cascade.__dict__,
             "target": {"quality_vs_large": QUALITY, "cost_vs_large": COST},
         }
