@@ -112,6 +112,9 @@ def status_row(tier: str, address: str, status: tier_pb2.TierStatus) -> dict[str
         "startup_phases": {p.name: round(p.seconds, 3) for p in status.startup_phases},
         "weights_loading": status.weights_loading,
         "last_swap": _last_swap(status),
+        "engine_running": status.engine_running,
+        "engine_waiting": status.engine_waiting,
+        "prefix_cache_hit_rate": round(status.prefix_cache_hit_rate, 4),
     }
 
 

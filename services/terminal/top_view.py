@@ -59,7 +59,7 @@ def snapshot_table(snapshot: Snapshot) -> Table:
             row["address"],
             "yes" if row["serving"] else "[yellow]no[/yellow]",
             f"{row['queued']}/{row['max_queued']}",
-            f"{row['running']}/{row['max_running']}",
+            f"{row['running']}/{row['max_running']}" + _waiting_note(row),
             _kv_cell(row),
             f"{row['decode_busy_share']:.0%}",
             f"{row['tokens_per_s']:.1f}",
@@ -86,7 +86,17 @@ def _kv_cell(row: dict[str, Any]) -> str:
     capacity = row["kv_pool_capacity_tokens"]
     if not capacity:
         return "-"
-    return f"{row['kv_pool_used_tokens']}/{capacity} ({row['kv_pool_use_share']:.0%} avg)"
+    cell = f"{row['kv_pool_used_tokens']}/{capacity} ({row['kv_pool_use_share']:.0%} avg)"
+    if hits := row.get("prefix_cache_hit_rate"):  # an engine with a prefix cache (vllm)
+        cell += f", prefix hits {hits:.0%}"
+    return cell
+
+
+def _waiting_note(row: dict[str, Any]) -> str:
+    """After running: the requests an engine with its own scheduler (vllm) holds unscheduled
+    (waiting for KV-cache blocks, or preempted), when there are any."""
+    waiting = row.get("engine_waiting", 0)
+    return f" ({waiting} waiting)" if waiting else ""
 
 
 def show_top(

@@ -131,6 +131,12 @@ class EngineLoad:
     # it queues one for (a longer expected wait is refused at once); 0 when unknown
     expected_wait_ms: float = 0.0
     max_wait_ms: float = 0.0
+    # the engine's own scheduler at its last step (vllm; 0 for engines without one): requests
+    # it runs and those it holds unscheduled; and the share of prompt tokens its prefix cache
+    # held over its recent requests
+    engine_running: int = 0
+    engine_waiting: int = 0
+    prefix_cache_hit_rate: float = 0.0
 
 
 class Engine(Protocol):

@@ -106,6 +106,11 @@ class ModelFootprint:
     kv_pool_peak_tokens: int = 0
     kv_pool_bytes: int = 0
     decode_busy_share: float = 0.0  # share of the last seconds the decode loop worked; 0 = n/a
+    # an engine with its own scheduler (vllm): what it runs and holds unscheduled, and its
+    # prefix cache's hit rate over recent requests; 0 = n/a
+    engine_running: int = 0
+    engine_waiting: int = 0
+    prefix_cache_hit_rate: float = 0.0
 
 
 class EngineLifecycle(ABC):
@@ -252,6 +257,9 @@ class EngineLifecycle(ABC):
             model_fingerprint=self._model_fingerprint,
             expected_wait_ms=self._admission.expected_wait_s() * 1000,
             max_wait_ms=self._admission.max_wait_s * 1000,
+            engine_running=footprint.engine_running,
+            engine_waiting=footprint.engine_waiting,
+            prefix_cache_hit_rate=footprint.prefix_cache_hit_rate,
         )
 
     async def shutdown(self) -> None:

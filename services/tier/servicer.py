@@ -254,6 +254,9 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
             model_fingerprint=load.model_fingerprint,
             expected_wait_ms=load.expected_wait_ms,
             max_wait_ms=load.max_wait_ms,
+            engine_running=load.engine_running,
+            engine_waiting=load.engine_waiting,
+            prefix_cache_hit_rate=load.prefix_cache_hit_rate,
             startup_phases=[
                 tier_pb2.StartupPhase(name=name, seconds=seconds)
                 for name, seconds in self.startup.phases

@@ -49,18 +49,33 @@ class VllmStats:
     """What vLLM's scheduler reported last (its stat logger writes here after each step)."""
 
     running: int = 0
-    waiting: int = 0
+    waiting: int = 0  # held but not scheduled: waiting for KV-cache blocks, or preempted
     kv_usage: float = 0.0  # share of the KV-cache blocks in use, in [0, 1]
     kv_peak: float = 0.0
+    # share of the prompt tokens found in the prefix cache over the last PREFIX_WINDOW requests
+    prefix_cache_hit_rate: float = 0.0
+
+
+PREFIX_WINDOW = 1000  # requests the prefix-cache hit rate is taken over (vLLM's own default)
+
+
+def scheduler_counts(stats: VllmStats, in_flight: int) -> tuple[int, int]:
+    """vLLM's running and waiting requests, bounded by the `in_flight` requests the tier has
+    in vLLM: vLLM reports its counts only after a step it takes, so after the last request
+    was aborted (no step follows) its report still counts it."""
+    running = min(stats.running, in_flight)
+    return running, min(stats.waiting, in_flight - running)
 
 
 def stat_logger(stats: VllmStats) -> Callable[[Any, int], Any]:
-    """A vLLM stat-logger factory whose loggers keep the scheduler's counts in `stats`."""
+    """A vLLM stat-logger factory whose loggers keep the scheduler's counts in `stats`, and
+    the prefix cache's hit rate over recent requests (vLLM's CachingMetrics window)."""
     from vllm.v1.metrics.loggers import StatLoggerBase
+    from vllm.v1.metrics.stats import CachingMetrics
 
     class Recorder(StatLoggerBase):  # type: ignore[misc]
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            pass
+            self._prefix = CachingMetrics(max_recent_requests=PREFIX_WINDOW)
 
         def record(
             self,
@@ -74,6 +89,8 @@ def stat_logger(stats: VllmStats) -> Callable[[Any, int], Any]:
                 stats.waiting = int(scheduler_stats.num_waiting_reqs)
                 stats.kv_usage = float(scheduler_stats.kv_cache_usage)
                 stats.kv_peak = max(stats.kv_peak, stats.kv_usage)
+                self._prefix.observe(scheduler_stats.prefix_cache_stats)
+                stats.prefix_cache_hit_rate = float(self._prefix.hit_rate)
 
         def log_engine_initialized(self) -> None:
             pass
@@ -197,9 +214,11 @@ class VllmEngine(EngineLifecycle):
             await self._llm.abort(request_id)
 
     def _footprint(self) -> ModelFootprint:
-        """The model's size and vLLM's KV cache: its capacity in tokens and the share in use
-        at vLLM's last scheduler step (and the most since start)."""
+        """The model's size, vLLM's KV cache (its capacity in tokens, the share in use at vLLM's
+        last scheduler step and the most since start), its scheduler's running and waiting
+        requests at that step and its prefix cache's recent hit rate."""
         capacity, stats = self._kv_capacity_tokens, self._stats
+        running, waiting = scheduler_counts(stats, len(self._running))
         return ModelFootprint(
             model=self._config.model_path.name or "vllm",
             params=self._size[0],
@@ -207,6 +226,9 @@ class VllmEngine(EngineLifecycle):
             kv_pool_capacity_tokens=capacity,
             kv_pool_used_tokens=round(stats.kv_usage * capacity),
             kv_pool_peak_tokens=round(stats.kv_peak * capacity),
+            engine_running=running,
+            engine_waiting=waiting,
+            prefix_cache_hit_rate=stats.prefix_cache_hit_rate,
         )
 
     async def _stop_model(self) -> None:

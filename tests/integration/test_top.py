@@ -24,7 +24,8 @@ ROW_FIELDS = {
     "tier", "address", "error", "model", "engine", "serving", "queued", "max_queued", "running",
     "max_running", "kv_pool_used_tokens", "kv_pool_capacity_tokens", "kv_pool_use_share",
     "decode_busy_share", "tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "completed", "rejected",
-    "startup_s", "startup_phases", "weights_loading", "last_swap",
+    "startup_s", "startup_phases", "weights_loading", "last_swap", "engine_running",
+    "engine_waiting", "prefix_cache_hit_rate",
 }  # fmt: skip
 
 

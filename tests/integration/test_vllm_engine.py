@@ -1,7 +1,8 @@
 """A tier on vLLM (`engine = "vllm"`): one real tier process running vLLM's async engine on
 SmolLM2-135M-Instruct (CPU, bfloat16), called over gRPC. Its greedy answer is the torch
 engine's; chunks carry token ids and log-probabilities; stop sequences, seeds, cancellation,
-continuation and bad input behave as on every tier."""
+continuation and bad input behave as on every tier; its status carries vLLM's own scheduler
+counts and prefix-cache hit rate."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ pytestmark = pytest.mark.timeout(600)
 PROMPT = "What is the capital of France?"
 STORY = "Write a long story about a dragon who learns to cook."  # an answer of many tokens
 MAX_TOKENS = 24
+# a prompt over two of vLLM's 128-token CPU cache blocks, so a second ask finds them cached
+FACTS = " ".join(f"Fact {n}: shelf {n} holds {n * 7} red boxes." for n in range(24))
 LOAD_S = 300.0
 
 
@@ -162,6 +165,41 @@ async def test_the_status_reports_vllms_engine_and_kv_cache(vllm_tier: str) -> N
     assert now.kv_pool_capacity_tokens > 0
     assert 0 < now.kv_pool_peak_tokens <= now.kv_pool_capacity_tokens
     assert now.params > 100_000_000 and now.weights_bytes > 0
+    assert (now.engine_running, now.engine_waiting) == (0, 0)  # the answer is done
+
+
+async def watched(address: str) -> tier_pb2.TierStatus:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = tier_pb2_grpc.TierServiceStub(channel)
+        call = stub.WatchLoad(tier_pb2.WatchLoadRequest(interval_ms=50))
+        first: tier_pb2.TierStatus = await call.read()
+        call.cancel()
+        return first
+
+
+async def test_the_status_carries_vllms_scheduler_and_prefix_cache(vllm_tier: str) -> None:
+    await generate(vllm_tier, prompt=FACTS, max_tokens=2, request_id="facts-1")
+    before = await status(vllm_tier)
+    await generate(vllm_tier, prompt=FACTS, max_tokens=2, request_id="facts-2")
+    after = await status(vllm_tier)
+    assert 0.0 <= before.prefix_cache_hit_rate < after.prefix_cache_hit_rate <= 1.0
+    assert (await watched(vllm_tier)).prefix_cache_hit_rate == after.prefix_cache_hit_rate
+    async with grpc.aio.insecure_channel(vllm_tier) as channel:
+        stub = tier_pb2_grpc.TierServiceStub(channel)
+        calls = [
+            stub.Generate(request(prompt=STORY, max_tokens=256, request_id=f"busy{n}"))
+            for n in range(2)
+        ]
+        for call in calls:
+            await call.read()
+        while (now := await watched(vllm_tier)).engine_running < 2:  # vLLM's next step
+            await asyncio.sleep(0.05)
+        assert (now.engine_running, now.engine_waiting, now.running) == (2, 0, 2)
+        assert now.kv_pool_used_tokens > 0
+        for call in calls:
+            call.cancel()
+    while (await status(vllm_tier)).engine_running:  # both aborted: none left in vLLM
+        await asyncio.sleep(0.05)
 
 
 async def test_a_cancelled_stream_frees_its_slot(vllm_tier: str) -> None:
