@@ -1,30 +1,33 @@
 #!/usr/bin/env bash
 # Checks the torch engine on an NVIDIA GPU (the CUDA path) end to end, each step with its own
-# timeout, PASS/FAIL per step, and carries on after a failure:
+# timeout, PASS/FAIL per step, and carries on after a failure. In this order (the newest checks
+# first, so a run cut short still has them):
+#   bench   `tiermesh bench engine --json` (our engine against sequential Hugging Face generate,
+#           same greedy ids) with model and engine on the GPU: the large tier in float32 and the
+#           SmolLM2-shaped model in bfloat16, at 1/16/64 streams x 64 tokens
+#   mesh    `tiermesh run --device cuda` (built-in models), one routed and one progressive
+#           `tiermesh chat --json`, then Ctrl-C's signal and a clean exit
 #   engine  scripts/cuda_check.py: each built-in tier (small, medium, large) on the GPU against
 #           the CPU (greedy token ids alone, batched, continued; the first differing position on
 #           a mismatch), throughput at 1/16/64 streams x 64 tokens for the large tier and a
 #           randomly initialised Llama of SmolLM2-135M's shape (float32, bfloat16), one tier
 #           served over gRPC on the GPU
-#   bench   `tiermesh bench engine --json` (our engine against sequential Hugging Face generate,
-#           same greedy ids) with model and engine on the GPU: the SmolLM2-shaped
-#           model in bfloat16 and the large tier in float32, at 1/16/64 streams x 64 tokens
-#   mesh    `tiermesh run --device cuda` (built-in models), one routed and one progressive
-#           `tiermesh chat --json`, then Ctrl-C's signal and a clean exit
 #
 # Run from the repository root on a machine with a GPU:
 #     OUT=/tmp/cuda_check bash scripts/cuda_check.sh            # DEVICE=cuda by default
-#     DEVICE=cpu OUT=/tmp/cudacheck_out bash scripts/cuda_check.sh   # a dry run on the CPU
+#     DEVICE=cpu PYTHON=.venv/bin/python WHEELS= OUT=/tmp/cudacheck_out \
+#         bash scripts/cuda_check.sh                            # a dry run on the CPU
 # Writes $OUT/cuda_check.log (everything printed), $OUT/cuda_check.json (each step's result and
 # time), $OUT/engine/cuda_check.json (token ids, mismatches, throughput rows),
-# $OUT/bench_engine.jsonl, $OUT/mesh.log and $OUT/chat.jsonl. If .whl/ holds wheels (the
-# servers' dependencies, for a machine without them), they are installed into /tmp/site first
-# and put first on PYTHONPATH. The repository itself is used in place
-# (PYTHONPATH=.:clients/python/src); nothing is installed from it.
-# Environment: PYTHON (default python3), LEVELS (default 1,16,64 on a GPU, 1,4 on the CPU),
+# $OUT/bench_engine.jsonl, $OUT/mesh.log and $OUT/chat.jsonl. If $WHEELS (default .whl/) holds
+# wheels (the servers' dependencies, for a machine without them), they are installed into
+# /tmp/site and put on PYTHONPATH after the repository, which is used in place
+# (PYTHONPATH=.:clients/python/src:/tmp/site): a tiermesh_client wheel there is skipped, so the
+# client and its stubs always come from this checkout. WHEELS= (empty) installs none.
+# Environment: PYTHON (default python3), WHEELS, LEVELS (default 1,16,64 on a GPU, 1,4 on the CPU),
 # BASE_PORT (default 52100), TIME_SCALE (each step's time limit times this; 1 on a GPU, 3 on
-# the CPU). Each step has its own time limit; on an H200 the whole run takes
-# about 5 minutes and at most about 9.5. The integration tests are not run here: they build
+# the CPU). Each step has its own time limit (590 s together on a GPU); on an H200 the whole
+# run takes about 5 minutes. The integration tests are not run here: they build
 # their tiers on the CPU and have no switch for another device.
 set -u -o pipefail
 
@@ -66,16 +69,18 @@ step() {
     return 0
 }
 
-if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-    say "installing $(ls .whl/*.whl | wc -l) wheels from .whl into /tmp/site"
+WHEELS=${WHEELS-.whl}
+mapfile -t wheels < <(ls "${WHEELS:-/nonexistent}"/*.whl 2>/dev/null | grep -v /tiermesh_client-)
+if [ ${#wheels[@]} -gt 0 ]; then
+    say "installing ${#wheels[@]} wheels from $WHEELS into /tmp/site"
     if $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl 2>&1 | tee -a "$LOG"; then
-        SITE=/tmp/site:
+        --target /tmp/site "${wheels[@]}" 2>&1 | tee -a "$LOG"; then
+        SITE=:/tmp/site
     else
-        say "FAIL installing the wheels in .whl (carrying on with the installed packages)"
+        say "FAIL installing the wheels in $WHEELS (carrying on with the installed packages)"
     fi
 fi
-export PYTHONPATH=${SITE:-}$PWD:$PWD/clients/python/src${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$PWD:$PWD/clients/python/src${SITE:-}${PYTHONPATH:+:$PYTHONPATH}
 export DEVICE OUT PYTHON BASE_PORT LEVELS
 
 say "---- machine"
@@ -94,28 +99,6 @@ for name in ("transformers", "tokenizers", "grpc", "google.protobuf", "numpy", "
     except Exception as e:
         print(f"  {name}: {type(e).__name__}: {e}")
 EOF
-
-step "engine: tiers cuda=cpu, throughput, gRPC tier" 200 \
-    $PYTHON scripts/cuda_check.py --out "$OUT/engine" --device "$DEVICE" --levels "$LEVELS"
-# scripts/cuda_check.py reports mismatches and failed sub-steps in its own lines; count them here
-if [ -f "$OUT/engine/cuda_check.json" ]; then
-    $PYTHON - "$OUT/engine/cuda_check.json" <<'EOF' 2>&1 | tee -a "$LOG"
-import json, sys
-r = json.load(open(sys.argv[1]))
-bad = {k: v["differ_at"] for k, v in r.get("compare", {}).items() if v["differ_at"]}
-errors = r.get("errors", {})
-print(("PASS" if not bad and not errors else "FAIL")
-      + f" engine details: {len(r.get('compare', {}))} comparisons, {len(bad)} differ, "
-      f"{len(errors)} sub-steps failed")
-for k, v in bad.items():
-    print(f"  differ: {k}: (prompt, first differing token) {v}")
-for k, v in errors.items():
-    print(f"  error: {k}: {v}")
-for k, rows in (r.get("throughput") or {}).items():
-    for row in rows or []:
-        print(f"  throughput {k}: {row}")
-EOF
-fi
 
 # `tiermesh bench engine` loads its model and engine on the CPU (it has no --device): the same
 # command runs here with both moved to $DEVICE; its last line is the JSON report
@@ -158,7 +141,7 @@ mesh() {
     "$PYTHON" -m services.cli run --device "$DEVICE" --base-port "$BASE_PORT" --no-demo \
         >"$OUT/mesh.log" 2>&1 &
     local pid=$! ok=1
-    for _ in $(seq 1 120); do
+    for _ in $(seq 1 90); do
         grep -q "Ctrl-C stops every service" "$OUT/mesh.log" && break
         kill -0 $pid 2>/dev/null || break
         sleep 1
@@ -195,7 +178,29 @@ mesh() {
     [ $ok = 1 ]
 }
 export -f mesh
-step "mesh: tiermesh run --device $DEVICE, routed + progressive chat" 80 bash -c mesh
+step "mesh: tiermesh run --device $DEVICE, routed + progressive chat" 120 bash -c mesh
+
+step "engine: tiers cuda=cpu, throughput, gRPC tier" 200 \
+    $PYTHON scripts/cuda_check.py --out "$OUT/engine" --device "$DEVICE" --levels "$LEVELS"
+# scripts/cuda_check.py reports mismatches and failed sub-steps in its own lines; count them here
+if [ -f "$OUT/engine/cuda_check.json" ]; then
+    $PYTHON - "$OUT/engine/cuda_check.json" <<'EOF' 2>&1 | tee -a "$LOG"
+import json, sys
+r = json.load(open(sys.argv[1]))
+bad = {k: v["differ_at"] for k, v in r.get("compare", {}).items() if v["differ_at"]}
+errors = r.get("errors", {})
+print(("PASS" if not bad and not errors else "FAIL")
+      + f" engine details: {len(r.get('compare', {}))} comparisons, {len(bad)} differ, "
+      f"{len(errors)} sub-steps failed")
+for k, v in bad.items():
+    print(f"  differ: {k}: (prompt, first differing token) {v}")
+for k, v in errors.items():
+    print(f"  error: {k}: {v}")
+for k, rows in (r.get("throughput") or {}).items():
+    for row in rows or []:
+        print(f"  throughput {k}: {row}")
+EOF
+fi
 
 total=$(($(date +%s) - STARTED))
 {
