@@ -36,7 +36,7 @@ from services.router.fallback import (
     fallback_chain,
     fallback_order,
 )
-from services.router.overload import CRITICAL, INTERACTIVE, step_for_load
+from services.router.overload import INTERACTIVE, Keep, step_for_load
 from services.router.policy import Loads, RouteChoice, RoutingInput
 
 # request mode -> the mode the router runs: the client's named modes, unset meaning routed
@@ -139,15 +139,13 @@ def plan_chat(
             raise ValueError("a ROUTED chat is planned with the policy's choice")
         budget_ms = _budget_ms(chat.priority, config, time_remaining_s)
         step = step_for_load(choice.tier, loads, config, down, chat.priority, budget_ms, over_share)
-        if step is not None:
+        if isinstance(step, Keep):  # on its tier even when it reads full (a critical chat)
+            tier, why = step.tier, ""
+            fallbacks = fallback_order(tier, loads, config, down)
+        elif step is not None:
             tier, note, stepped_from = step.tier, step.reason, step.stepped_from
             fallbacks = fallback_order(tier, loads, config, down)
             why = f"; {step.reason} → fallback {tier}"
-        elif chat.priority == CRITICAL and _serving(choice.tier, loads, down):
-            # a critical chat keeps its tier even when it reads full: the tier's queue takes
-            # it before lower priorities, in a waiting one's place if it must (queue_order.py)
-            tier, why = choice.tier, ""
-            fallbacks = fallback_order(tier, loads, config, down)
         else:
             tier, why, fallbacks = choose_with_fallback(choice.tier, loads, config, down, loading)
         tiers = (_configured(tier, "tier", config),)
@@ -189,12 +187,6 @@ def plan_chat(
         note=note,
         priority=chat.priority,
     )
-
-
-def _serving(tier: str, loads: Loads, down: Down) -> bool:
-    """Whether `tier` is up and its last load report says it serves."""
-    load = loads.get(tier)
-    return down(tier) is None and load is not None and load.serving
 
 
 def _budget_ms(priority: str, config: RouterConfig, time_remaining_s: float | None) -> float | None:

@@ -2,7 +2,8 @@
 cannot start it within its budget (full, refusing, past its TTFT SLO, or expecting a wait for a
 slot longer than the chat's budget) goes to the next smaller tier that can, else the next larger
 one. The chat's priority decides who moves: interactive chats step down; batch chats keep their
-tier (queued there) and are refused first when it is full; critical chats keep their tier.
+tier (queued there) and are refused first when it is full; critical chats keep their tier while
+it serves, even when it reads full (its queue takes them first), whatever `overload` says.
 
 Pure decision logic over TierLoad snapshots and a `down` question; knows nothing of gRPC. A tier
 that is down is not this module's business: the fallback chain (fallback.py) handles it.
@@ -37,6 +38,15 @@ class Step:
     reason: str  # "stepped down from large: large full (8 running, 16 queued)"
 
 
+@dataclass(frozen=True)
+class Keep:
+    """The chat stays on `tier` even when it reads full, with no fallback choice: the tier's
+    queue takes it before lower priorities, in a waiting one's place if it must (a critical
+    chat; the tier's queue_order.py)."""
+
+    tier: str
+
+
 def late(tier: str, load: TierLoad, config: RouterConfig, budget_ms: float | None) -> str | None:
     """Why `tier` (up, with this load) would not start one more chat within `budget_ms` (None:
     no budget), or None if it would."""
@@ -59,12 +69,18 @@ def step_for_load(
     priority: str,
     budget_ms: float | None,
     over_share: bool = False,
-) -> Step | None:
+) -> Step | Keep | None:
     """Where a routed chat the policy sent to `chosen` goes when `chosen` cannot start it in
-    time; None when it stays (it can, it is down, overload is "shed", the priority keeps its
-    tier, or no other tier can either). Raises TiersFull for a batch chat whose tier is full,
-    and OverFairShare for a chat whose API key holds more than its part (`over_share`)."""
-    if config.overload != "step_down" or priority == CRITICAL or down(chosen) is not None:
+    time: a Step to another tier; Keep for a critical chat while `chosen` is up and serving
+    (full or not, step_down or shed); None when the fallback choice decides (it can start it,
+    it is down, overload is "shed", a batch chat waits there, or no other tier can either).
+    Raises TiersFull for a batch chat whose tier is full, and OverFairShare for a chat whose
+    API key holds more than its part (`over_share`)."""
+    if priority == CRITICAL:
+        load = loads.get(chosen)
+        serving = down(chosen) is None and load is not None and load.serving
+        return Keep(chosen) if serving else None
+    if config.overload != "step_down" or down(chosen) is not None:
         return None
     load = loads.get(chosen)
     if load is None or not load.serving:

@@ -1,6 +1,6 @@
 """Overload step-down (services/router/overload.py) as a table of scenarios: which tier a routed
-chat goes to when the one its policy chose cannot start it in time, by priority; plain loads,
-no servers."""
+chat goes to when the one its policy chose cannot start it in time, by priority (a critical chat
+keeps a tier that serves); plain loads, no servers."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from services.router.drain_rate import DrainRate
 from services.router.fair_share import FairShare
 from services.router.fallback import TiersFull
 from services.router.overload import (
+    Keep,
     OverFairShare,
     Step,
     inflight_limit,
@@ -139,7 +140,47 @@ SCENARIOS = [
         1000,
         None,
     ),
-    ("critical keeps its tier", CONFIG, "large", "large full", (), "critical", 1000, None),
+    ("critical keeps its tier", CONFIG, "large", "large full", (), "critical", 1000, Keep("large")),
+    (
+        "critical keeps a full tier",
+        CONFIG,
+        "large",
+        "all full",
+        (),
+        "critical",
+        1000,
+        Keep("large"),
+    ),
+    (
+        "critical keeps its tier, shed too",
+        SHED,
+        "large",
+        "large full",
+        (),
+        "critical",
+        1000,
+        Keep("large"),
+    ),
+    (
+        "critical keeps an idle tier",
+        CONFIG,
+        "large",
+        "large idle",
+        (),
+        "critical",
+        None,
+        Keep("large"),
+    ),
+    (
+        "critical, tier down: the fallback chain decides",
+        CONFIG,
+        "large",
+        "large idle",
+        ("large",),
+        "critical",
+        1000,
+        None,
+    ),
     ("batch keeps a slow tier (queued)", CONFIG, "large", "large slow", (), "batch", None, None),
     ("shed: no step", SHED, "large", "large full", (), "interactive", 1000, None),
 ]
@@ -157,7 +198,7 @@ def test_step_for_load(
     down: tuple[str, ...],
     priority: str,
     budget_ms: float | None,
-    expected: Step | None,
+    expected: Step | Keep | None,
 ) -> None:
     def is_down(tier: str) -> str | None:
         return f"{tier} health NOT_SERVING" if tier in down else None
