@@ -11,6 +11,7 @@ tiermesh mesh envoy [--topology FILE]                        Envoy bootstrap JSO
 tiermesh mesh k8s [--topology FILE] [--service-monitor] [--secure] [--cors-origin O]...
                                                              Kubernetes manifests (YAML)
     [--secure]                                               TLS from Secrets, exec health probes
+    [--tier-config TIER=FILE]...                             a tier on vllm or a remote server
 tiermesh mesh probe TARGET [--calls N]                       which backend answers, N calls
 
 `serve` reads its TLS, allowed ADS callers and API key file from TIERMESH_TLS_*,
@@ -43,7 +44,7 @@ from mesh.last_good import load_or_last_good
 from mesh.topology import Topology
 from mesh.topology_file import load_topology
 from services.common import env
-from services.common.config import GatewayConfig, build_config
+from services.common.config import GatewayConfig, build_config, read_toml
 from services.common.errors import ConfigError
 from services.common.extras import require_extra
 
@@ -165,15 +166,28 @@ def cmd_envoy(args: argparse.Namespace) -> int:
 
 def cmd_k8s(args: argparse.Namespace) -> int:
     from mesh.k8s import manifests_yaml
+    from mesh.k8s_engines import tier_engines
 
     origins = tuple(args.cors_origin)
     # the gateway's own check (ConfigError: exit 2), so a bad origin never reaches a cluster
     build_config(GatewayConfig, {"cors_origins": list(origins)})
+    topology = _topology(args)
+    tier_configs = {}
+    for value in args.tier_config:
+        tier, _, path = value.partition("=")
+        if not tier or not path:
+            raise ConfigError(f"--tier-config: expected TIER=FILE, got {value!r}")
+        tier_configs[tier] = read_toml(Path(path), "tier config")
+        try:  # each file alone first, so an error names it
+            tier_engines({tier: tier_configs[tier]}, topology)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
     text = manifests_yaml(
-        _topology(args),
+        topology,
         service_monitor=args.service_monitor,
         secure=args.secure,
         cors_origins=origins,
+        tier_configs=tier_configs,
     )
     sys.stdout.write(text)
     return 0
@@ -318,6 +332,14 @@ def register(subparsers: Any) -> None:
         metavar="ORIGIN",
         help="a browser origin (https://app.example, or *) the gateway serves cross-origin; "
         "repeat for more",
+    )
+    k8s.add_argument(
+        "--tier-config",
+        action="append",
+        default=[],
+        metavar="TIER=FILE",
+        help='the config (TOML) of a tier on engine "vllm" (its own image, GPUs, model volume) '
+        'or "openai" (a remote server: no pod, an adapter beside the router); repeat per tier',
     )
     k8s.set_defaults(func=_guarded(cmd_k8s))
 

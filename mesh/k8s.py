@@ -4,7 +4,9 @@ Deployment and a headless Service, per tier a ClusterIP Service, the router and 
 probes, requests and limits (and `nvidia.com/gpu` where the topology asks), a non-root
 read-only securityContext with an emptyDir for /tmp, a Service port named `grpc` and a
 `metrics` port with Prometheus scrape annotations; per tier Deployment a PodDisruptionBudget and
-a HorizontalPodAutoscaler (k8s_policies.py); and the HTTP gateway (OpenAI API and chat page)
+a HorizontalPodAutoscaler (k8s_policies.py); tiers given a config on vLLM (their own image, GPUs,
+/dev/shm, the model's volume) or on a remote server (no pod: an adapter in the router's pod),
+k8s_engines.py; and the HTTP gateway (OpenAI API and chat page)
 with `httpGet /health` probes and a Service port named `http`; NetworkPolicies that let only
 the router reach the tiers and the control plane. Labels are the recommended
 `app.kubernetes.io/*` set; selectors use only the stable ones.
@@ -20,12 +22,22 @@ plane resolves to pod IPs. Plain dictionaries; knows nothing of xDS messages or 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 import yaml
 
 from mesh.bootstrap import BOOTSTRAP_CONFIG_ENV, grpc_bootstrap
+from mesh.k8s_engines import (
+    VLLM_TMP_SIZE,
+    TierEngine,
+    remote_ports,
+    remote_tier,
+    secure_adapter,
+    tier_engines,
+    vllm_tier,
+)
 from mesh.k8s_policies import autoscaler, disruption_budget, network_policies
 from mesh.k8s_policies import service_monitor as service_monitor_object
 from mesh.k8s_tls import mounted_tls, secret_commands, secure_container
@@ -190,7 +202,11 @@ def _service(
 
 
 def _tier_objects(
-    tier_name: str, cluster: Cluster, topology: Topology, secure: bool
+    tier_name: str,
+    cluster: Cluster,
+    topology: Topology,
+    secure: bool,
+    engine: TierEngine | None = None,
 ) -> list[dict[str, Any]]:
     port = cluster.endpoints[0].port if cluster.endpoints else 50061
     labels = _labels("tier", **{"tiermesh/tier": tier_name, "tiermesh/cluster": cluster.name})
@@ -207,11 +223,25 @@ def _tier_objects(
         *_plaintext_flag(secure),
     ]
     container = _container(tier_name, command, port, topology, tier_name)
-    volumes = secure_container(container, f"tier/{tier_name}", "tier") if secure else []
+    extra: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
+    if engine is not None:  # on vLLM (a remote tier has no pod)
+        volumes, config_map = vllm_tier(
+            engine, topology, container, PROBE_PERIOD_S, _metadata_labels(labels)
+        )
+        extra.append(config_map)
+    if secure:
+        volumes += secure_container(container, f"tier/{tier_name}", "tier")
     name = f"tier-{cluster.name}"
     replicas = max(1, len(cluster.endpoints))
+    deployment = _deployment(name, labels, replicas, container, volumes=volumes)
+    if engine is not None:
+        for volume in deployment["spec"]["template"]["spec"]["volumes"]:
+            if volume["name"] == "tmp":
+                volume["emptyDir"]["sizeLimit"] = VLLM_TMP_SIZE
     return [
-        _deployment(name, labels, replicas, container, volumes=volumes),
+        *extra,
+        deployment,
         _service(name, labels, port, headless=True),
         disruption_budget(name, labels, _metadata_labels(labels)),
         autoscaler(name, replicas, _metadata_labels(labels)),
@@ -228,12 +258,19 @@ def manifests(
     service_monitor: bool = False,
     secure: bool = False,
     cors_origins: tuple[str, ...] = (),
+    tier_configs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every object, in apply order; with `service_monitor`, a Prometheus Operator
     ServiceMonitor too; with `secure`, TLS everywhere from Secrets the cluster must hold;
-    `cors_origins`: the browser origins the gateway serves cross-origin (none: same origin)."""
+    `cors_origins`: the browser origins the gateway serves cross-origin (none: same origin);
+    `tier_configs`: tier name -> the fields of its config (TOML) for a tier on vllm or openai
+    (k8s_engines.py; the others run the image's own config). Raises ConfigError for a bad
+    tier config."""
     namespace = topology.kubernetes.namespace
-    in_cluster = cluster_topology(topology)
+    engines = tier_engines(tier_configs or {}, topology)
+    remote = {name: e for name, e in engines.items() if e.config.engine == "openai"}
+    in_mesh = replace(topology, tiers=tuple(t for t in topology.tiers if t.name not in remote))
+    in_cluster = cluster_topology(in_mesh)
     control_port = _port(topology.control_plane)
     router_port = _port(topology.router)
     objects: list[dict[str, Any]] = [
@@ -248,9 +285,9 @@ def manifests(
             "data": {"topology.yaml": dump_yaml(in_cluster)},
         },
     ]
-    for tier in topology.tiers:
+    for tier in in_mesh.tiers:
         for cluster in tier.clusters:
-            objects += _tier_objects(tier.name, cluster, topology, secure)
+            objects += _tier_objects(tier.name, cluster, topology, secure, engines.get(tier.name))
         port = tier.clusters[0].endpoints[0].port if tier.clusters[0].endpoints else 50061
         objects.append(
             _service(f"tier-{tier.name}", _labels("tier", **{"tiermesh/tier": tier.name}), port)
@@ -277,9 +314,10 @@ def manifests(
     objects.append(control_service)
 
     router_labels = _labels("router")
-    tiers = [
-        arg for tier in topology.tiers for arg in ("--tier", f"{tier.name}={xds_target(tier.name)}")
-    ]
+    ports = remote_ports(topology, remote, {router_port: "the router", METRICS_PORT: "metrics"})
+    targets = {t.name: f"localhost:{ports[t.name]}" if t.name in remote else xds_target(t.name)
+               for t in topology.tiers}  # fmt: skip
+    tiers = [arg for name, target in targets.items() for arg in ("--tier", f"{name}={target}")]
     router_command = [
         "python",
         "-m",
@@ -301,7 +339,20 @@ def manifests(
         {"name": BOOTSTRAP_CONFIG_ENV, "value": json.dumps(bootstrap)},
     ]
     router_volumes = secure_container(router, "router", "router") if secure else []
-    objects.append(_deployment("tiermesh-router", router_labels, 1, router, volumes=router_volumes))
+    adapters = []
+    for name, engine in remote.items():
+        base = _container(f"tier-{name}", [], ports[name], topology, "router")
+        adapter, volumes, config_map = remote_tier(
+            engine, ports[name], base, _metadata_labels(router_labels)
+        )
+        router_volumes += volumes
+        if secure:
+            router_volumes += secure_adapter(adapter, name)
+        adapters.append(adapter)
+        objects.append(config_map)
+    deployment = _deployment("tiermesh-router", router_labels, 1, router, volumes=router_volumes)
+    deployment["spec"]["template"]["spec"]["containers"] += adapters
+    objects.append(deployment)
     objects.append(_service("tiermesh-router", router_labels, router_port))
     router_host = _service_host("tiermesh-router", namespace)
     objects += _gateway_objects(topology, router_host, router_port, secure, cors_origins)
@@ -365,9 +416,10 @@ def manifests_yaml(
     service_monitor: bool = False,
     secure: bool = False,
     cors_origins: tuple[str, ...] = (),
+    tier_configs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
     """The manifests as YAML; secure ones open with the commands that create their Secrets."""
-    objects = manifests(topology, service_monitor, secure, cors_origins)
+    objects = manifests(topology, service_monitor, secure, cors_origins, tier_configs)
     text = yaml.safe_dump_all(objects, sort_keys=False)
     if not secure:
         return text

@@ -107,9 +107,10 @@ def secure_container(container: dict[str, Any], identity: str, role: str) -> lis
             {"name": "api-keys", "secret": {"secretName": KEYS_SECRET, "defaultMode": 0o440}}
         )
     if role != "gateway":  # the gateway's HTTP probes stay (browsers' TLS is the ingress's)
-        grpc_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
         for name in ("startupProbe", "readinessProbe", "livenessProbe"):
-            probe = _exec_probe(container[name], grpc_port)
+            if "grpc" not in container.get(name, {}):
+                continue  # none, or an exec probe already (it reads the TLS settings above)
+            probe = _exec_probe(container[name], container[name]["grpc"]["port"])
             if name != "startupProbe":
                 probe["periodSeconds"] = SECURE_PROBE_PERIOD_S
             container[name] = probe

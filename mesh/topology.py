@@ -108,10 +108,23 @@ class Resources:
 
 
 @dataclass(frozen=True)
+class ModelVolume:
+    """Where a vLLM tier's pod finds its model: a PersistentVolumeClaim, mounted read-only, and
+    the model folder's path inside it ("" = the volume's root)."""
+
+    claim: str
+    sub_path: str = ""
+
+
+@dataclass(frozen=True)
 class Kubernetes:
     namespace: str = "tiermesh"
     image: str = "tiermesh:0.1.0"
     resources: dict[str, Resources] = field(default_factory=dict)  # service name -> resources
+    # the image of tiers whose engine is vllm: vLLM and tiermesh's tier server
+    vllm_image: str = "tiermesh-vllm:0.1.0"
+    # tier name -> its model's volume (vllm tiers); absent = the claim tiermesh-model-<tier>
+    models: dict[str, ModelVolume] = field(default_factory=dict)
 
     def resources_for(self, service: str) -> Resources:
         if service in self.resources:
@@ -202,8 +215,13 @@ def to_plain(topology: Topology) -> dict[str, Any]:
             "namespace": topology.kubernetes.namespace,
             "image": topology.kubernetes.image,
             "resources": {
-                name: {"cpu": r.cpu, "memory": r.memory}
+                name: {"cpu": r.cpu, "memory": r.memory, **({"gpu": r.gpu} if r.gpu else {})}
                 for name, r in topology.kubernetes.resources.items()
+            },
+            "vllm_image": topology.kubernetes.vllm_image,
+            "models": {
+                name: {"claim": m.claim, "sub_path": m.sub_path}
+                for name, m in topology.kubernetes.models.items()
             },
         },
     }

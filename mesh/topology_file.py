@@ -22,6 +22,7 @@ from mesh.topology import (
     Endpoint,
     Kubernetes,
     Locality,
+    ModelVolume,
     Resources,
     RetryPolicy,
     Tier,
@@ -254,7 +255,7 @@ def _retry(field: _Field) -> RetryPolicy:
 
 
 def _kubernetes(field: _Field) -> Kubernetes:
-    fields = field.mapping(("namespace", "image", "resources"))
+    fields = field.mapping(("namespace", "image", "resources", "vllm_image", "models"))
     resources: dict[str, Resources] = {}
     if "resources" in fields:
         names = (*TIER_NAMES, "router", "control-plane", "gateway")
@@ -265,11 +266,28 @@ def _kubernetes(field: _Field) -> Kubernetes:
                 memory=_required(parts, "memory", item).text(),
                 gpu=_optional(parts, "gpu", lambda f: f.integer(0, 16), 0),
             )
+    models: dict[str, ModelVolume] = {}
+    for name, item in fields["models"].mapping(TIER_NAMES).items() if "models" in fields else ():
+        parts = item.mapping(("claim", "sub_path"))
+        models[name] = ModelVolume(
+            claim=_required(parts, "claim", item).text(NAME_PATTERN),
+            sub_path=_optional(parts, "sub_path", _sub_path, ""),
+        )
     return Kubernetes(
         namespace=_optional(fields, "namespace", lambda f: f.text(NAME_PATTERN), "tiermesh"),
         image=_optional(fields, "image", lambda f: f.text(), Kubernetes.image),
         resources=resources,
+        vllm_image=_optional(fields, "vllm_image", lambda f: f.text(), Kubernetes.vllm_image),
+        models=models,
     )
+
+
+def _sub_path(field: _Field) -> str:
+    """A relative path inside a volume: no leading "/", no ".." (Kubernetes refuses both)."""
+    value = field.text(allow_empty=True)
+    if value.startswith("/") or ".." in value.split("/"):
+        raise field.fail(f"{value!r}: expected a relative path without '..'")
+    return value
 
 
 def _check_unique_clusters(tiers_field: _Field, tiers: tuple[Tier, ...]) -> None:
