@@ -254,6 +254,7 @@ async def run_configurations(
                     "mode": config.mode,
                     "tier": config.tier or None,
                     "policy": config.policy or None,  # None: the router's configured policy
+                    "progressive_gate": config.gate or None,  # None: the router's gate
                     **summary,
                     "schedule_lag_ms_p99": _lag_ms_p99(records),
                     "cpu_seconds": cpu,

@@ -134,7 +134,8 @@ def register_hybrid(bench: argparse.ArgumentParser, kinds: Any) -> None:
         type=configuration_names,
         default=list(CONFIGURATIONS),
         help="e.g. single,hybrid; hybrid:<policy> runs hybrid with the router restarted on "
-        "that routing policy (own mesh only), e.g. single,hybrid:threshold,hybrid:cost_target",
+        "that routing policy (own mesh only), e.g. single,hybrid:threshold,hybrid:cost_target; "
+        "progressive:<gate> asks each progressive chat for that gate (always, escalate, ...)",
     )
     bench.add_argument("--max-in-flight", type=int, default=LoadOptions.max_in_flight)
     bench.add_argument("--prices", type=Path, default=DEFAULT_PRICES, help="price file (TOML)")

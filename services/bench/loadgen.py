@@ -21,7 +21,7 @@ from typing import Any
 from tiermesh.client import AsyncRouterClient, ChatError, DeltaEvent, FinalEvent, RouteEvent
 
 from services.bench.scenarios import RequestSequence
-from services.common.config import POLICIES
+from services.common.config import GATES, POLICIES
 from services.workload import WorkloadItem
 
 FAILURE_BACKOFF_S = 0.05  # closed loop: a client waits this long after a failed request, so a
@@ -35,13 +35,14 @@ class Configuration:
     """One way of serving every request: a router mode, the tier when pinned, and the routing
     policy the router runs with ("" = the one in its config)."""
 
-    name: str  # "single", "hybrid", "progressive", "hybrid:<policy>"
+    name: str  # "single", "hybrid", "progressive", "hybrid:<policy>", "progressive:<gate>"
     mode: str  # SDK mode name
     tier: str = ""
     policy: str = ""
+    gate: str = ""  # progressive gate ("" = the router's)
 
     def options(self) -> dict[str, Any]:
-        return {"mode": self.mode, "tier": self.tier}
+        return {"mode": self.mode, "tier": self.tier, "progressive_gate": self.gate}
 
 
 CONFIGURATIONS = {
@@ -50,6 +51,7 @@ CONFIGURATIONS = {
     "progressive": Configuration("progressive", "progressive"),
 }
 POLICY_PREFIX = "hybrid:"  # "hybrid:threshold": hybrid with the router running that policy
+GATE_PREFIX = "progressive:"  # "progressive:always": progressive chats asking for that gate
 
 
 def configuration(name: str) -> Configuration:
@@ -60,9 +62,13 @@ def configuration(name: str) -> Configuration:
     policy = name.removeprefix(POLICY_PREFIX)
     if name.startswith(POLICY_PREFIX) and policy in POLICIES:
         return Configuration(name, "routed", policy=policy)
+    gate = name.removeprefix(GATE_PREFIX)
+    if name.startswith(GATE_PREFIX) and gate in GATES:
+        return Configuration(name, "progressive", gate=gate)
     raise ValueError(
-        f"unknown configuration {name!r}: expected one of {', '.join(CONFIGURATIONS)}, or "
-        f"{POLICY_PREFIX}<policy> with a policy from {', '.join(POLICIES)}"
+        f"unknown configuration {name!r}: expected one of {', '.join(CONFIGURATIONS)}, "
+        f"{POLICY_PREFIX}<policy> with a policy from {', '.join(POLICIES)}, or "
+        f"{GATE_PREFIX}<gate> with a gate from {', '.join(GATES)}"
     )
 
 

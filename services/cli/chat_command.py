@@ -12,6 +12,7 @@ from tiermesh.client.requests import MODES
 
 from services.cli.client_flags import add_client_security_flags
 from services.common import env
+from services.common.config import GATES, POLICIES
 from services.common.parent_watch import stop_with_parent
 from services.common.tiers import TIER_NAMES
 from services.common.validation import MAX_TOP_LOGPROBS
@@ -56,7 +57,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         remotes=remote_models(args.model, remote_tiers),
         limits=connection_limit_flags(args),
         vllm=vllm_tiers(args.engine),
+        router_args=_router_args(args),
     )
+
+
+def _router_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """The router's command-line overrides `tiermesh run` was given."""
+    flags = (("--policy", args.policy), ("--progressive-gate", args.progressive_gate))
+    return tuple(arg for flag, value in flags if value for arg in (flag, value))
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -78,6 +86,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         "stop": tuple(args.stop),
         "top_logprobs": args.top_logprobs,
         "priority": args.priority,
+        "progressive_gate": args.progressive_gate or "",
         "timeout": args.timeout,
     }
     telemetry = setup_telemetry("tiermesh-cli")
@@ -112,6 +121,15 @@ def register_run(commands: Any) -> None:
         "separated, one tier process each): a remote OpenAI-compatible server",
     )
     run.add_argument("--device", help="device for every tier (cpu, cuda, cuda:N)")
+    run.add_argument(
+        "--policy", choices=POLICIES, help="the router's routing policy (default: its config's)"
+    )
+    run.add_argument(
+        "--progressive-gate",
+        choices=GATES,
+        help="the router's progressive gate (default: its config's, escalate): always refines "
+        "every draft; escalate sends an answer on to a larger tier only when it is unsure",
+    )
     run.add_argument(
         "--base-port",
         type=int,
@@ -206,6 +224,12 @@ def register_chat(commands: Any) -> None:
         default="interactive",
         help="who goes first under overload: interactive steps down to a smaller tier, batch "
         "keeps its tier or is refused first, critical keeps its tier",
+    )
+    chat.add_argument(
+        "--progressive-gate",
+        choices=GATES,
+        help="--mode progressive: always (every draft refined), race, cascade or escalate "
+        "(default: the router's, escalate)",
     )
     chat.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
     add_client_security_flags(chat, "the router")

@@ -205,7 +205,7 @@ class RouterConfig:
     # "escalate" picks the first tier by the complexity score (small below
     # escalate_small_below, medium below escalate_medium_below, else large) and sends an answer
     # less sure than its tier's escalate_*_confidence on to the next tier up (escalation.py)
-    progressive_gate: str = "always"
+    progressive_gate: str = "escalate"
     min_draft_confidence: float = 0.9  # geometric-mean token probability of a confident draft
     escalate_small_below: float = 0.2
     escalate_medium_below: float = 1.01  # over 1: never large first

@@ -83,6 +83,7 @@ def plan_children(
     remotes: dict[str, tuple[str, ...]] | None = None,
     limits: ConnectionLimitFlags | None = None,
     vllm: frozenset[str] = frozenset(),
+    router_args: tuple[str, ...] = (),
 ) -> list[Child]:
     """The processes to start (the gateway, then the router last); raises ConfigError if a
     model folder is missing. `replicas` runs that many processes of a tier ("small", "small-2",
@@ -93,7 +94,8 @@ def plan_children(
     `remotes`: tiers served by remote OpenAI-compatible servers, one process per URL
     (remote_tiers.py); echo does not apply to them. `limits`: connection limits asked for on
     the command line (the gateway's as its flags, the gRPC servers' as TIERMESH_GRPC_*).
-    `vllm`: tiers served by vLLM in their own process (vllm_tiers.py)."""
+    `vllm`: tiers served by vLLM in their own process (vllm_tiers.py). `router_args`: more
+    flags for the router's command line (e.g. `--progressive-gate always`)."""
     xds_tls = secure.router_xds_tls() if secure is not None else None
     children = _plan_children(
         base_port,
@@ -113,6 +115,9 @@ def plan_children(
         build_config(GatewayConfig, {"cors_origins": list(cors_origins)})  # the gateway's check
         gateway = next(child for child in children if child.name == "gateway")
         gateway.command += [a for origin in cors_origins for a in ("--cors-origin", origin)]
+    if router_args:
+        router = next(child for child in children if child.name == "router")
+        router.command += list(router_args)
     if limits is not None:  # the gateway's on its command line, the gRPC servers' in their env
         gateway = next(child for child in children if child.name == "gateway")
         gateway.command += limits.gateway_args()
@@ -318,15 +323,19 @@ def stop_all(children: list[Child], grace_s: float = 15.0) -> None:
 
 @contextlib.contextmanager
 def started(
-    children: list[Child], console: Console, error: Exception, grace_s: float = 15.0
+    children: list[Child],
+    console: Console,
+    error: Exception,
+    grace_s: float = 15.0,
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> Iterator[list[Child]]:
     """Starts `children` and yields them once each serves; raises `error` if one exits or time
     runs out first (the console has shown which, with its log tail). However the block ends,
-    every child is stopped (`stop_all`)."""
+    every child is stopped (`stop_all`). `credentials` make the health checks mTLS."""
     try:
         for child in children:
             child.start()
-        if not wait_healthy(children, console):
+        if not wait_healthy(children, console, credentials):
             raise error
         yield children
     finally:
@@ -350,6 +359,7 @@ def run_mesh(
     remotes: dict[str, tuple[str, ...]] | None = None,
     limits: ConnectionLimitFlags | None = None,
     vllm: frozenset[str] = frozenset(),
+    router_args: tuple[str, ...] = (),
 ) -> int:
     console = console or Console()
     run_dir = Path(env.run_dir())
@@ -375,6 +385,7 @@ def run_mesh(
             remotes=remotes,
             limits=limits,
             vllm=vllm,
+            router_args=router_args,
         )
     except ConfigError as e:
         console.print(f"[red]tiermesh run:[/red] {e}")

@@ -72,14 +72,21 @@ def print_start_report(
 
 
 def demo_chat(router: str, prompt: str, console: Console, secure: SecureRun | None = None) -> None:
-    """One progressive chat through the router, drawn live."""
+    """One progressive chat through the router, drawn live: with the gate `always`, so the
+    small tier's draft is shown and then replaced by the large tier's answer (the router's own
+    gate, escalate, replaces only an answer it is unsure of)."""
     from tiermesh.client import RouterClient, tls_credentials
 
     from services.terminal.chat_view import show_live
 
-    console.print(f"[bold]demo:[/bold] progressive chat: {prompt!r}")
+    console.print(
+        f"[bold]demo:[/bold] progressive chat, every draft refined (gate always): {prompt!r}"
+    )
     credentials, key = None, None
     if secure is not None:
         credentials, key = tls_credentials(secure.ca), secure.demo_key()
     with RouterClient(router, credentials=credentials, api_key=key) as client:
-        show_live(client.chat_stream(prompt, mode="progressive", timeout=120), console)
+        events = client.chat_stream(
+            prompt, mode="progressive", progressive_gate="always", timeout=120
+        )
+        show_live(events, console)

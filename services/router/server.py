@@ -197,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-inflight", type=int, help="override the config's max_inflight")
     parser.add_argument("--policy", help="override the config's routing policy")
     parser.add_argument(
+        "--progressive-gate",
+        help="override the config's progressive gate (always, race, cascade, escalate)",
+    )
+    parser.add_argument(
         "--tier", action="append", default=[], help="NAME=TARGET, overrides one tier's address"
     )
     parser.add_argument(
@@ -211,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             "metrics_port": args.metrics_port,
             "max_inflight": args.max_inflight,
             "policy": args.policy,
+            "progressive_gate": args.progressive_gate,
         }
         config = load_config(RouterConfig, args.config, **options)
         if overrides:

@@ -89,7 +89,9 @@ def _prompt_tokens(final: dict[str, Any]) -> int:
 
 async def test_a_conversation_through_pipes_sends_its_history(tiny_model_dir: Path) -> None:
     mesh = await start_mesh(tiny_model_dir)
-    chat = await ChatProcess.start(mesh.address, "--max-tokens", "6")
+    chat = await ChatProcess.start(
+        mesh.address, "--max-tokens", "6", "--progressive-gate", "always"
+    )
     try:
         asked = [
             ("What is your return policy?", "routed", None),

@@ -62,6 +62,7 @@ def mesh_process(tiny_model_dir: Path, tmp_path: Path, otlp_receiver):
     }
     models = [f"small={tiny_model_dir}", f"medium={tiny_model_dir}", f"large={other}"]
     args = ["--base-port", str(base), *(a for m in models for a in ("--model", m))]
+    args += ["--progressive-gate", "always"]  # the router refines every draft
     with tiermesh_run(args, env) as (process, output):
         yield process, f"127.0.0.1:{base}", output, otlp_receiver[0], tmp_path / "run"
 

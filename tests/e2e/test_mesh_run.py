@@ -46,7 +46,8 @@ def test_run_mesh_routes_through_xds(mesh_process) -> None:
     topology = (run_dir / "logs" / "topology.yaml").read_text()
     assert f"127.0.0.1:{base + 12}" in topology and f"127.0.0.1:{base + 30}" in topology
 
-    args = ["--max-tokens", "8", "--mode", "progressive", "Where is my order?"]
+    args = ["--max-tokens", "8", "--mode", "progressive", "--progressive-gate", "always"]
+    args.append("Where is my order?")
     events = chat_json(f"127.0.0.1:{base}", *args)
     assert events[-1]["type"] == "final" and events[-1]["tier"] == "large"
 

@@ -1,4 +1,5 @@
-"""`tiermesh bench --configs`: the named configurations and hybrid under a chosen routing policy."""
+"""`tiermesh bench --configs`: the named configurations, hybrid under a chosen routing policy and
+progressive under a chosen gate."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from services.bench.hybrid_cli import configuration_names, plain_configuration_names
 from services.bench.loadgen import CONFIGURATIONS, configuration
-from services.common.config import POLICIES
+from services.common.config import GATES, POLICIES
 
 
 def test_named_configurations_keep_the_routers_policy() -> None:
@@ -25,10 +26,19 @@ def test_hybrid_with_a_policy_is_routed_under_that_policy(policy: str) -> None:
         "",
         policy,
     )
-    assert config.options() == {"mode": "routed", "tier": ""}
+    assert config.options() == {"mode": "routed", "tier": "", "progressive_gate": ""}
 
 
-@pytest.mark.parametrize("name", ["hybrid:", "hybrid:nope", "single:keyword", "fast"])
+@pytest.mark.parametrize("gate", GATES)
+def test_progressive_with_a_gate_asks_each_chat_for_that_gate(gate: str) -> None:
+    config = configuration(f"progressive:{gate}")
+    assert (config.name, config.mode, config.policy) == (f"progressive:{gate}", "progressive", "")
+    assert config.options() == {"mode": "progressive", "tier": "", "progressive_gate": gate}
+
+
+@pytest.mark.parametrize(
+    "name", ["hybrid:", "hybrid:nope", "single:keyword", "fast", "progressive:", "progressive:x"]
+)
 def test_unknown_configurations_are_refused_with_what_is_accepted(name: str) -> None:
     with pytest.raises(ValueError, match="hybrid:<policy> with a policy from") as error:
         configuration(name)
