@@ -30,7 +30,14 @@ from services.common.config import TierConfig
 from services.common.errors import InvalidArgument, TiermeshError, Unavailable
 from services.tier.engine import EngineLoad, GenerationChunk, GenerationRequest, GenerationUsage
 from services.tier.engine_lifecycle import EngineLifecycle, ModelFootprint
-from services.tier.openai_wire import ServedModel, ServerUsage, StreamDelta, chat_body, pick_model
+from services.tier.openai_wire import (
+    AnswerOverContext,
+    ServedModel,
+    ServerUsage,
+    StreamDelta,
+    chat_body,
+    pick_model,
+)
 from services.tier.prepared_request import LENGTH, PreparedRequest, PromptFormat
 from services.tier.remote_load import ServerLoad, with_server_load
 from services.tier.remote_server import RemoteServer, RemoteStream
@@ -64,6 +71,7 @@ class RemoteRequest(PreparedRequest):
     messages: tuple[tuple[str, str], ...] = ()
     continue_chars: int | None = None
     decode_nothing: bool = False  # every token was streamed: only the held-back text is left
+    fit_to_context: bool = False  # the context may lower max_tokens (GenerationRequest's)
     counts: ServerCounts = field(default_factory=ServerCounts)
 
 
@@ -215,13 +223,16 @@ class OpenAiEngine(EngineLifecycle):
                 f"{request.max_tokens}"
             )
         context = self._model.max_model_len if self._model else None
-        if context is not None and request.max_tokens >= context:
+        max_tokens = request.max_tokens
+        if request.fit_to_context and context is not None:
+            max_tokens = min(max_tokens, context - 1)  # the server says how much the prompt left
+        if context is not None and max_tokens >= context:
             raise InvalidArgument(
                 f"max_tokens: {request.max_tokens} leaves no room for a prompt in the model's "
                 f"context of {context} tokens"
             )
         messages = request.messages or (("user", request.prompt),)
-        left = request.max_tokens - len(continued)
+        left = max_tokens - len(continued)
         return RemoteRequest(
             request_id=request.request_id,
             prompt_ids=tuple(continued),
@@ -233,6 +244,7 @@ class OpenAiEngine(EngineLifecycle):
             messages=messages,
             continue_chars=request.continue_chars,
             decode_nothing=left == 0,
+            fit_to_context=request.fit_to_context,
             counts=self._counts.get(id(request), ServerCounts()),
         )
 
@@ -260,27 +272,36 @@ class OpenAiEngine(EngineLifecycle):
         detail = prepared.sampling.top_logprobs is not None
         last: GenerationChunk | None = None
         assert self._server is not None
-        try:
-            async with self._server.chat(body) as stream:
-                self._streams[rid] = stream
-                async for delta in stream.deltas():
-                    if delta.usage is not None:
-                        prepared.counts.usage = delta.usage
-                    if delta.empty or last is not None:
-                        continue
-                    chunk = _chunk(delta, held, detail)
-                    held = ""
-                    if chunk.finish_reason is not None:
-                        last = chunk  # the usage chunk comes after it
-                    else:
-                        yield chunk
-        except Unavailable:
-            if rid in self._aborted:  # its stream was closed under it: it just ends
-                return
-            raise
-        finally:
-            self._streams.pop(rid, None)
-            self._aborted.discard(rid)
+        asked, fitted = body, False
+        while True:
+            started = False
+            try:
+                async with self._server.chat(asked) as stream:
+                    self._streams[rid] = stream
+                    async for delta in stream.deltas():
+                        if delta.usage is not None:
+                            prepared.counts.usage = delta.usage
+                        if delta.empty or last is not None:
+                            continue
+                        chunk = _chunk(delta, held, detail)
+                        held, started = "", True
+                        if chunk.finish_reason is not None:
+                            last = chunk  # the usage chunk comes after it
+                        else:
+                            yield chunk
+                break
+            except AnswerOverContext as e:
+                if started or fitted or not prepared.fit_to_context:
+                    raise
+                # the prompt leaves less room than max_tokens: ask again for that room
+                asked, fitted = {**body, "max_tokens": e.overflow.room}, True
+            except Unavailable:
+                if rid in self._aborted:  # its stream was closed under it: it just ends
+                    return
+                raise
+            finally:
+                self._streams.pop(rid, None)
+                self._aborted.discard(rid)
         if last is None:
             raise Unavailable(f"the remote server {self._api} ended the answer unfinished")
         yield last

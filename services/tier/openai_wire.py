@@ -18,14 +18,31 @@ from datetime import datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from services.common.errors import ConfigError, InvalidArgument, TiermeshError, Unavailable
+from services.common.errors import (
+    ConfigError,
+    InvalidArgument,
+    PromptTooLong,
+    TiermeshError,
+    Unavailable,
+)
 from services.tier.admission import QueueRefused
+from services.tier.context_overflow import ContextOverflow, context_overflow
 from services.tier.engine import Sampling, TokenLogprob, TopLogprob
 from services.tier.prepared_request import LENGTH, STOP
 
 DONE = "[DONE]"  # the data of the last event of an OpenAI stream
 DEFAULT_RETRY_S = 1.0  # a 429 without a Retry-After the tier can read
 MAX_SEED = 2**63 - 1  # servers take a signed 64-bit seed; tiermesh's are unsigned
+
+
+class AnswerOverContext(InvalidArgument):
+    """The server refused max_tokens: the prompt fits its model's context, but not with that
+    many answer tokens after it. A request that lets the context lower its max_tokens asks
+    again for `overflow.room`."""
+
+    def __init__(self, message: str, overflow: ContextOverflow) -> None:
+        super().__init__(message)
+        self.overflow = overflow
 
 
 class MalformedAnswer(Unavailable):
@@ -251,8 +268,11 @@ def http_error(
 ) -> TiermeshError:
     """The tiermesh error for a non-2xx answer: 429 is RESOURCE_EXHAUSTED with its Retry-After
     as the retry delay; 400, 413 and 422 are INVALID_ARGUMENT naming the field the server
-    named (the request is wrong anywhere); the rest (a refused API key, an unknown model, 5xx)
-    is UNAVAILABLE: this tier cannot serve, another may."""
+    named (the request is wrong anywhere), except a chat the model's context cannot hold: a
+    prompt too long on its own is PromptTooLong (the router moves the chat on to a tier that
+    may hold it), a max_tokens too large for the room the prompt leaves AnswerOverContext; the
+    rest (a refused API key, an unknown model, 5xx) is UNAVAILABLE: this tier cannot serve,
+    another may."""
     message, param = error_message(body)
     if status == 429:
         wait = retry_after_s(retry_after, now)
@@ -261,8 +281,14 @@ def http_error(
             DEFAULT_RETRY_S if wait is None else wait,
         )
     if status in (400, 413, 422):
+        overflow = context_overflow(message, _error_object(body))
+        if overflow is not None and overflow.room == 0:
+            return PromptTooLong(overflow.prompt_tokens, overflow.context_tokens - 1)
         named = f"{param}: " if param and not message.startswith(f"{param}:") else ""
-        return InvalidArgument(f"{named}{message} (the remote server {server}, HTTP {status})")
+        refusal = f"{named}{message} (the remote server {server}, HTTP {status})"
+        if overflow is not None:
+            return AnswerOverContext(refusal, overflow)
+        return InvalidArgument(refusal)
     if status in (401, 403):
         why = "refused this tier's API key (see the tier's remote_api_key_env)"
     elif status == 404:
@@ -273,11 +299,18 @@ def http_error(
 
 
 def stream_error(payload: dict[str, Any], server: str) -> TiermeshError:
-    """The error an error event mid-stream says: a rate limit is RESOURCE_EXHAUSTED, anything
-    else UNAVAILABLE (the answer broke; another replica may continue it)."""
+    """The error an error event mid-stream says: a rate limit is RESOURCE_EXHAUSTED, a chat the
+    model's context cannot hold (a server that starts its stream before its model refuses)
+    what http_error makes of it, anything else UNAVAILABLE (the answer broke; another replica
+    may continue it)."""
     message, _ = error_message(json.dumps(payload).encode())
     inner = payload.get("error")
     error: dict[str, Any] = inner if isinstance(inner, dict) else payload
+    overflow = context_overflow(message, error)
+    if overflow is not None and overflow.room == 0:
+        return PromptTooLong(overflow.prompt_tokens, overflow.context_tokens - 1)
+    if overflow is not None:
+        return AnswerOverContext(f"{message} (the remote server {server})", overflow)
     kind = f"{error.get('type', '')} {error.get('code', '')}".lower()
     if "rate_limit" in kind or "resource_exhausted" in kind or "429" in kind:
         return QueueRefused(
@@ -304,6 +337,16 @@ def error_message(body: bytes) -> tuple[str, str | None]:
         elif isinstance(error, str):
             return error[:500], None
     return text[:300], None
+
+
+def _error_object(body: bytes) -> dict[str, Any] | None:
+    """The `error` object of a JSON error body, if it has one."""
+    try:
+        payload = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    error = payload.get("error") if isinstance(payload, dict) else None
+    return error if isinstance(error, dict) else None
 
 
 def retry_after_s(value: str | None, now: datetime | None = None) -> float | None:

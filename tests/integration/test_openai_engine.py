@@ -31,6 +31,7 @@ from services.tier.echo_engine import echo_answer, echo_text
 from services.tier.engine import GenerationChunk, GenerationRequest
 from services.tier.server import TierServer, start_tier
 from tests.integration.gateway_mesh import GatewayMesh
+from tests.tiny_model import build_tiny_model
 
 PROMPT = "Where is my order?"
 KEY_ENV = "TIERMESH_TEST_REMOTE_KEY"
@@ -361,3 +362,46 @@ async def test_the_served_model_is_the_first_listed_unless_named(remote: Gateway
     assert status.model == "tiermesh-routed"  # the first of the gateway's /v1/models
     with pytest.raises(ConfigError, match="remote_model: 'nope' is not served"):
         await _remote_tier(remote.url, remote_model="nope")
+
+
+async def test_a_prompt_the_remote_context_cannot_hold_is_prompt_too_long(
+    tier: TierServer,
+) -> None:
+    # the remote's echo tiers take prompts of at most 512 tokens (one per byte)
+    refused = await _refused(tier.address, _request("too-long", 4, prompt="ship it? " * 80))
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = parse_status_details(refused.trailing_metadata())
+    assert details.reason == "PROMPT_TOO_LONG"  # a router moves the chat on to another tier
+    assert details.metadata["limit_tokens"] == "512"
+    assert int(details.metadata["prompt_tokens"]) > 720
+
+
+SHORT_CONTEXT = 96
+
+
+@pytest.fixture(scope="module")
+def short_remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayMesh]:
+    """A remote whose torch tiers' model holds 96 positions (prompt and answer)."""
+    model = build_tiny_model(tmp_path_factory.mktemp("short-remote"), context=SHORT_CONTEXT)
+    mesh = GatewayMesh.start(model)
+    yield mesh
+    mesh.stop()
+
+
+async def test_a_max_tokens_past_the_remote_context_is_fitted_when_the_request_allows(
+    short_remote: GatewayMesh,
+) -> None:
+    tier = await _remote_tier(short_remote.url)
+    try:
+        fixed = _request("fixed", 90, prompt="What is the price of the blue kettle?")
+        refused = await _refused(tier.address, fixed)
+        fitted = _request("fitted", 90, prompt="What is the price of the blue kettle?")
+        fitted.fit_max_tokens_to_context = True
+        chunks = await _generate(tier.address, fitted)
+    finally:
+        await tier.stop(0)
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"context of {SHORT_CONTEXT} tokens" in (refused.details() or "")
+    usage = chunks[-1].usage  # asked again for the room the prompt left: the context, full
+    assert chunks[-1].finish_reason == "length"
+    assert usage.prompt_tokens + usage.completion_tokens == SHORT_CONTEXT
