@@ -57,6 +57,7 @@ from services.launcher.local_mesh import (
     stop_all,
     wait_healthy,
 )
+from services.launcher.secure_run import SecureRun
 from services.workload import WorkloadItem
 
 BASELINE = "single"
@@ -114,9 +115,11 @@ def own_mesh(
     log_dir: Path,
     console: Console,
     echo: EchoSettings | None = None,
+    secure: SecureRun | None = None,
 ) -> Iterator[MeshTarget]:
     """Starts the three tiers (echo tiers with `echo`) and the router as child processes and
-    stops them on exit."""
+    stops them on exit. With `secure`, every hop speaks TLS and the router enforces its keys
+    file, as under `tiermesh run --secure`."""
     from services.common.errors import ConfigError
 
     try:
@@ -126,12 +129,15 @@ def own_mesh(
             device,
             log_dir,
             echo=echo,
+            secure=secure,
         )
         # the bench drives the router over gRPC: no HTTP gateway taking CPU beside it
         children = [child for child in planned if child.name != "gateway"]
     except (ConfigError, OSError) as e:
         raise BenchError(str(e)) from None
-    with started(children, console, BenchError(f"the mesh did not start; logs in {log_dir}")):
+    credentials = secure.launcher_credentials() if secure is not None else None
+    error = BenchError(f"the mesh did not start; logs in {log_dir}")
+    with started(children, console, error, credentials=credentials):
         services = [
             ServiceHandle(
                 c.name,

@@ -32,7 +32,7 @@ from services.bench.hybrid_bench import (
 from services.bench.loadgen import CONFIGURATIONS, LoadCounters, RequestRecord, configuration
 from services.bench.openai_cli import run_openai_bench
 from services.bench.options import concurrency_levels
-from services.bench.overload_bench import OVERLOAD, add_overload_options, run_overload_command
+from services.bench.overload_cli import OVERLOAD, add_overload_options, run_overload_command
 from services.bench.relay_floor import RelayFloorError
 from services.bench.report import (
     context_lines,
@@ -47,6 +47,7 @@ from services.bench.scenarios import PRESETS, SCENARIOS, Scenario, build_scenari
 from services.common import env
 from services.common.errors import ConfigError
 from services.common.tiers import TIER_NAMES
+from services.launcher.secure_run import SecureRun
 from services.workload import CLASSES
 
 
@@ -235,7 +236,10 @@ SWEEP_WARMUP_S = 2.0
 
 
 @contextlib.contextmanager
-def mesh_target(args: argparse.Namespace, console: Console) -> Iterator[MeshTarget]:
+def mesh_target(
+    args: argparse.Namespace, console: Console, secure: SecureRun | None = None
+) -> Iterator[MeshTarget]:
+    """The mesh to drive: the bench's own (TLS and keys with `secure`), or --router's."""
     if args.router is None:
         models = {k: Path(v) for k, v in pairs(args.model, TIER_NAMES, "--model").items()}
         log_dir = Path(env.run_dir()) / "bench" / "logs"
@@ -246,6 +250,7 @@ def mesh_target(args: argparse.Namespace, console: Console) -> Iterator[MeshTarg
             log_dir=log_dir,
             console=console,
             echo=echo_settings(args),
+            secure=secure,
         ) as target:
             yield target
         return

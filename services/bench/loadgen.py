@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -100,6 +100,7 @@ class RequestRecord:
     routed_tier: str = ""  # the first tier of the route decision
     stepped_from: str = ""  # the tier overload moved the chat off, from the route decision
     error_reason: str = ""  # ErrorInfo of a failed chat, e.g. FAIR_SHARE or OVERLOADED
+    api_key: str = ""  # the name of the API key it was sent under ("": the run's client's)
 
     @property
     def ok(self) -> bool:
@@ -132,6 +133,9 @@ class LoadRun:
     on_record: Callable[[RequestRecord], None] | None = None
     # the priority of request i (None: every chat interactive, the router's default)
     priority_of: Callable[[int], str] | None = None
+    # the name of the API key request i is sent under, and each key's client (None: `client`)
+    key_of: Callable[[int], str] | None = None
+    key_clients: Mapping[str, AsyncRouterClient] = field(default_factory=dict)
     start: float = field(default_factory=time.perf_counter)
 
     def now(self) -> float:
@@ -158,8 +162,12 @@ class LoadRun:
         token_counts: dict[int, int] = {}
         if self.priority_of is not None:
             record.priority = self.priority_of(record.index)
+        client = self.client
+        if self.key_of is not None:
+            record.api_key = self.key_of(record.index)
+            client = self.key_clients[record.api_key]
         try:
-            async for event in self.client.chat_stream(
+            async for event in client.chat_stream(
                 item.prompt,
                 timeout=self.timeout_s,
                 max_tokens=self.max_tokens,

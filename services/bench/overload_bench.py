@@ -12,27 +12,26 @@ mix):
    every stride-th request of the sequence, the stride spreading them over the whole overload
    run: the answers and TTFT the loaded chats are compared with (the same request i both times);
 3. overload: X times that rate, open loop (seeded Poisson arrivals) for the duration, each chat
-   at a seeded priority (PRIORITY_MIX), every chat measured.
+   at a seeded priority (PRIORITY_MIX, or --priority for all) and under a seeded API key (--keys,
+   each with its share of the rate by --key-rate-ratio), every chat measured.
 
-The load generator, records and percentiles are loadgen.py's and metrics.py's; the numbers are
-overload_report.py's. The bench's own mesh has no API keys, so the router's fair share between
-keys is not exercised and per_key_share is null.
+With keys (2 unless told otherwise) the bench's own mesh runs as `tiermesh run --secure` does,
+its certificates and keys in a temporary folder (overload_keys.py): the router's fair share
+between keys applies and per_key_share reports each key. The ramp and the unloaded pass send
+under the first key alone (a key alone has the whole mesh). The load generator, records and
+percentiles are loadgen.py's and metrics.py's; the numbers are overload_report.py's.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import functools
-import json
+import contextlib
 import math
 import os
 import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
-from rich.console import Console
-from rich.table import Table
 from tiermesh.client import AsyncRouterClient
 
 from services.bench.hybrid_bench import BenchError, LoadOptions, MeshTarget, mesh_json
@@ -44,9 +43,9 @@ from services.bench.loadgen import (
     run_open_loop,
 )
 from services.bench.metrics import latency
-from services.bench.overload_report import overload_summary, table_rows, targets
+from services.bench.overload_keys import BenchKeys, key_of
+from services.bench.overload_report import overload_summary, targets
 from services.bench.scenarios import RequestSequence, Scenario, arrival_times, schedule_digest
-from services.common.errors import ConfigError
 from services.workload import TRAFFIC_MIX, WorkloadItem
 
 PRIORITY_MIX: Mapping[str, float] = {"interactive": 0.6, "batch": 0.3, "critical": 0.1}
@@ -57,40 +56,13 @@ RAMP_STEP_S = 2.0
 SETTLE_S = 1.0  # between phases: chats a closed loop cancelled leave the tiers
 MAX_IN_FLIGHT = 2048  # the generator's own cap: far over what the router admits (max_inflight)
 NO_KEYS = (
-    "not measured: the bench's mesh runs without API keys, and the router's fair share "
-    "(FAIR_SHARE) is per key"
+    "not measured: the bench's mesh runs without API keys (--keys 0, or --router), and the "
+    "router's fair share (FAIR_SHARE) is per key"
 )
-
-
-OVERLOAD = "overload"  # the scenario's name in `tiermesh bench --scenario`
-
-
-def add_overload_options(bench: argparse.ArgumentParser) -> None:
-    """The options only `--scenario overload` reads."""
-    group = bench.add_argument_group("--scenario overload")
-    group.add_argument("--load", type=float, metavar="X", help="offered load: X times capacity")
-    group.add_argument(
-        "--capacity-s", type=float, default=16.0, metavar="S", help="longest capacity ramp, s"
-    )
-    group.add_argument(
-        "--capacity-ttft-ms",
-        type=float,
-        default=1000.0,
-        metavar="MS",
-        help="capacity: the highest rate with TTFT p99 under this, no refusal, no step-down",
-    )
-    group.add_argument(
-        "--echo-max-running",
-        type=int,
-        metavar="N",
-        help="--engine echo: each echo tier's running slots (default 2048: never full)",
-    )
-    group.add_argument(
-        "--echo-max-queued", type=int, metavar="N", help="--engine echo: each echo tier's queue"
-    )
-    group.add_argument(
-        "--unloaded-s", type=float, default=15.0, metavar="S", help="unloaded pass, s"
-    )
+KEYS_NOTE = (
+    "{n} API keys over TLS: each key's share of the offered rate, its chats sent, answered and "
+    "stepped down (of its sent), refused by reason"
+)
 
 
 def priority_of(seed: int, mix: Mapping[str, float] = PRIORITY_MIX) -> Callable[[int], str]:
@@ -242,14 +214,24 @@ async def run_overload(
     unloaded_s: float,
     ttft_bound_ms: float,
     progress: Callable[[str], None] | None = None,
+    keys: BenchKeys | None = None,
+    priority: str | None = None,
 ) -> dict[str, Any]:
-    """The three phases; returns the report object."""
+    """The three phases; returns the report object. With `keys` (the mesh enforces them) the
+    overload's chats are sent under them by their rates, else with no key; with `priority`
+    every overload chat has it, else PRIORITY_MIX draws each one's."""
     if load_x <= 0 or duration_s <= 0 or capacity_s <= 0 or unloaded_s <= 0:
         raise BenchError("--load, --duration, --capacity-s and --unloaded-s must be > 0")
     say = progress or (lambda _text: None)
     sequence = RequestSequence(TRAFFIC_MIX, seed)
     hybrid = CONFIGURATIONS["hybrid"]
-    async with AsyncRouterClient(target.router) as client:
+    mix = {priority: 1.0} if priority else dict(PRIORITY_MIX)
+    async with contextlib.AsyncExitStack() as stack:
+        clients: dict[str, AsyncRouterClient] = {}
+        for name in keys.rates if keys is not None else ("",):
+            opened = keys.client(target.router, name) if keys else AsyncRouterClient(target.router)
+            clients[name] = await stack.enter_async_context(opened)
+        client = next(iter(clients.values()))  # the first key's: the ramp and unloaded pass
         capacity = await find_capacity(
             client,
             sequence,
@@ -275,14 +257,15 @@ async def run_overload(
             f"overload: {load_x:g} x {capacity['capacity_rps']:g} = {rate:g} req/s for "
             f"{duration_s:g} s ({len(arrivals)} chats)"
         )
-        run = LoadRun(
-            client, hybrid, load.max_tokens, load.timeout_s, priority_of=priority_of(seed)
-        )
+        run = LoadRun(client, hybrid, load.max_tokens, load.timeout_s)
+        run.priority_of = priority_of(seed, mix)
+        if keys is not None:
+            run.key_of, run.key_clients = key_of(seed, keys.rates), clients
         records = await run_open_loop(run, arrivals, sequence, MAX_IN_FLIGHT)
     items: dict[str, WorkloadItem] = {
         sequence[r.index].id: sequence[r.index] for r in (*records, *unloaded)
     }
-    summary = overload_summary(records, unloaded, items)
+    summary = overload_summary(records, unloaded, items, keys.rates if keys else None)
     report: dict[str, Any] = {
         "benchmark": "overload",
         "version": 1,
@@ -293,12 +276,13 @@ async def run_overload(
         # what the mesh answered under the overload, against the ramp's capacity_rps
         "answered_rps": round(sum(1 for r in records if r.ok) / duration_s, 3),
         **{k: v for k, v in summary.items()},
-        "per_key_share": None,
-        "per_key_share_note": NO_KEYS,
+        "per_key_share_note": KEYS_NOTE.format(n=len(keys.rates)) if keys else NO_KEYS,
         "targets": targets(summary),
         "scenario": {
             "mix": dict(TRAFFIC_MIX),
-            "priority_mix": dict(PRIORITY_MIX),
+            "priority_mix": mix,
+            # each API key's share of the offered rate, by name (None: no keys)
+            "key_rates": {k: round(v, 4) for k, v in keys.rates.items()} if keys else None,
             "seed": seed,
             "requests_scheduled": len(arrivals),
             "schedule_digest": schedule_digest(arrivals, sequence),
@@ -315,67 +299,3 @@ async def run_overload(
         "warnings": capacity["warnings"],
     }
     return report
-
-
-def print_report(report: Mapping[str, Any], console: Console) -> None:
-    table = Table(
-        title=f"overload: {report['load']:g} x capacity {report['capacity_rps']:g} req/s "
-        f"for {report['duration_s']:g} s"
-    )
-    for column in (
-        "priority",
-        "sent",
-        "answered",
-        "stepped down",
-        "quality vs unloaded",
-        "TTFT p50 / p99 ms",
-    ):
-        table.add_column(column, justify="left" if column == "priority" else "right")
-    for row in table_rows(report):
-        table.add_row(*row)
-    console.print(table)
-    refusal = report["refusal_ms"]
-    console.print(
-        f"answered {report['answered_rps']:g} chats/s; "
-        f"refusals: {report['refusals']} (p50 {refusal['p50']} ms, p99 {refusal['p99']} ms); "
-        f"step-downs: {report['step_downs'] or 'none'}; unloaded TTFT p99 "
-        f"{report['unloaded']['ttft_ms']['p99']} ms"
-    )
-    for name, target in report["targets"].items():
-        verdict = {True: "met", False: "NOT met", None: "not measured"}[target["met"]]
-        console.print(f"target {name}: {target['value']} vs {target['target']}: {verdict}")
-    console.print(f"per_key_share: {report['per_key_share_note']}")
-    for warning in report.get("warnings", []):
-        console.print(f"[yellow]warning:[/yellow] {warning}")
-
-
-def run_overload_command(
-    args: argparse.Namespace, console: Console, mesh: Callable[[], Any]
-) -> int:
-    """`tiermesh bench --scenario overload`: `mesh()` is the context manager of the mesh to
-    drive (the bench's own, or --router's)."""
-    load = LoadOptions(args.max_tokens, args.timeout)
-    try:
-        if args.load is None:
-            raise BenchError("--scenario overload needs --load X (times the measured capacity)")
-        with mesh() as target:
-            report = asyncio.run(
-                run_overload(
-                    target,
-                    load_x=args.load,
-                    duration_s=args.duration or 60.0,
-                    seed=args.seed,
-                    load=load,
-                    capacity_s=args.capacity_s,
-                    unloaded_s=args.unloaded_s,
-                    ttft_bound_ms=args.capacity_ttft_ms,
-                    progress=functools.partial(console.print, style="dim"),
-                )
-            )
-    except (BenchError, ConfigError, ValueError) as e:
-        console.print(f"[red]tiermesh bench:[/red] {e}")
-        return 2
-    print_report(report, console)
-    if args.json:
-        print(json.dumps(report))
-    return 0

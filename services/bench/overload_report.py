@@ -1,6 +1,7 @@
-"""The numbers of `tiermesh bench --scenario overload`, from request records: per priority the
-share answered and stepped down, quality against the same requests answered unloaded and TTFT;
-the time to a refusal; step-downs by tier; and the team's targets, met or not.
+"""The numbers of `tiermesh bench --scenario overload`, from request records: per priority (and
+per API key, with its share of the offered rate) the share answered and stepped down, quality
+against the same requests answered unloaded and TTFT; the time to a refusal; step-downs by tier;
+and the team's targets, met or not.
 
 Pure arithmetic over RequestRecords (loadgen.py) with the workload's scorer; nothing of gRPC,
 processes or the mesh.
@@ -24,6 +25,7 @@ TARGET_INTERACTIVE_ANSWERED = 0.99  # share of interactive chats answered...
 TARGET_QUALITY_VS_UNLOADED = 0.9  # ...with quality at least this much of unloaded
 TARGET_CRITICAL_TTFT_P99_X = 2.0  # critical TTFT p99 at most this many times unloaded
 TARGET_REFUSAL_P99_MS = 50.0  # a refusal comes back within this
+TARGET_SLOWER_KEY_ANSWERED = 0.99  # the key sending the least, beside a faster one: answered
 
 
 def ms_percentiles(seconds: Iterable[float | None]) -> dict[str, float | None]:
@@ -75,13 +77,13 @@ def quality_vs_unloaded(
     return round(loaded_right / unloaded_right, 4), len(matched)
 
 
-def priority_summary(
+def chats_summary(
     records: Sequence[RequestRecord],
     unloaded: Mapping[int, RequestRecord],
     items: Mapping[str, WorkloadItem],
 ) -> dict[str, Any]:
-    """One priority's numbers: sent, answered and stepped-down shares (of sent), quality
-    against unloaded and TTFT of the answered."""
+    """One group's numbers (a priority's chats, or a key's): sent, answered and stepped-down
+    shares (of sent), quality against unloaded and TTFT of the answered, refusals by reason."""
     answered = [r for r in records if r.ok]
     quality, matched = quality_vs_unloaded(records, unloaded, items)
     refused = Counter(r.error_reason or "-" for r in records if r.status == REFUSED)
@@ -101,13 +103,24 @@ def overload_summary(
     records: Sequence[RequestRecord],
     unloaded: Sequence[RequestRecord],
     items: Mapping[str, WorkloadItem],
+    key_rates: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Per priority, refusal times, step-downs and the unloaded pass's own numbers."""
+    """Per priority, refusal times, step-downs and the unloaded pass's own numbers; with
+    `key_rates` (each API key's share of the offered rate, by name) per_key_share, else None."""
     by_index = {r.index: r for r in unloaded}
     per_priority = {
-        p: priority_summary([r for r in records if r.priority == p], by_index, items)
+        p: chats_summary([r for r in records if r.priority == p], by_index, items)
         for p in PRIORITY_NAMES
     }
+    per_key = None
+    if key_rates:
+        per_key = {
+            key: {
+                "rate_share": round(rate, 4),
+                **chats_summary([r for r in records if r.api_key == key], by_index, items),
+            }
+            for key, rate in key_rates.items()
+        }
     answered = [r for r in unloaded if r.ok]
     return {
         **per_priority,
@@ -119,7 +132,16 @@ def overload_summary(
             "answered": len(answered),
             "ttft_ms": latency(unloaded)["ttft_ms"],
         },
+        "per_key_share": per_key,
     }
+
+
+def slower_key(per_key: Mapping[str, Any] | None) -> str | None:
+    """The key with the least share of the offered rate, when the keys' shares differ (None
+    with no keys, one key, or equal shares)."""
+    if not per_key or len({row["rate_share"] for row in per_key.values()}) < 2:
+        return None
+    return min(per_key, key=lambda key: per_key[key]["rate_share"])
 
 
 def targets(summary: Mapping[str, Any]) -> dict[str, Any]:
@@ -130,6 +152,9 @@ def targets(summary: Mapping[str, Any]) -> dict[str, Any]:
     critical_p99 = critical["ttft_ms"]["p99"]
     critical_x = round(critical_p99 / unloaded_p99, 3) if critical_p99 and unloaded_p99 else None
     refusal_p99 = summary["refusal_ms"]["p99"]
+    per_key = summary.get("per_key_share")
+    slower = slower_key(per_key)
+    slower_share = per_key[slower]["answered_share"] if per_key and slower else None
 
     def judged(value: float | None, target: float, at_least: bool) -> dict[str, Any]:
         met = None if value is None else (value >= target if at_least else value <= target)
@@ -145,12 +170,14 @@ def targets(summary: Mapping[str, Any]) -> dict[str, Any]:
         "critical_ttft_p99_x_unloaded": judged(critical_x, TARGET_CRITICAL_TTFT_P99_X, False),
         # no refusal at all meets it
         "refusal_p99_ms": judged(refusal_p99 or 0.0, TARGET_REFUSAL_P99_MS, False),
+        # fairness: measured only with keys at different rates
+        "slower_key_answered_share": judged(slower_share, TARGET_SLOWER_KEY_ANSWERED, True),
     }
 
 
 def table_rows(report: Mapping[str, Any]) -> list[list[str]]:
-    """Rows of the per-priority table: priority, sent, answered, stepped down, quality vs
-    unloaded, TTFT p50 / p99 ms."""
+    """Rows of the table, one per priority and then one per API key (with its share of the
+    offered rate): chats, sent, answered, stepped down, quality vs unloaded, TTFT p50 / p99 ms."""
 
     def pct(value: float | None) -> str:
         return "-" if value is None else f"{value:.1%}"
@@ -158,12 +185,14 @@ def table_rows(report: Mapping[str, Any]) -> list[list[str]]:
     def num(value: float | None, spec: str) -> str:
         return "-" if value is None else format(value, spec)
 
+    groups = [(p, report[p]) for p in PRIORITY_NAMES]
+    per_key = report.get("per_key_share") or {}
+    groups += [(f"{k} ({row['rate_share']:.1%} of rate)", row) for k, row in per_key.items()]
     rows = []
-    for p in PRIORITY_NAMES:
-        row = report[p]
+    for name, row in groups:
         rows.append(
             [
-                p,
+                name,
                 str(row["sent"]),
                 pct(row["answered_share"]),
                 pct(row["stepped_down_share"]),

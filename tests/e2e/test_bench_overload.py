@@ -1,7 +1,8 @@
 """`tiermesh bench --scenario overload` end to end at a tiny scale: its own mesh of echo tiers
-with 4 running slots and 8 queued each, an unloaded pass, a two-step capacity ramp and 8x that
-rate for a few seconds; the JSON's shape, and overload moving or refusing chats. (The numbers
-are for the benchmark, not the test.)"""
+with 4 running slots and 8 queued each, over TLS with two API keys (one at 4x the other's rate),
+an unloaded pass, a two-step capacity ramp and 8x that rate for a few seconds; the JSON's shape
+(per priority and per key), and overload moving or refusing chats. (The numbers are for the
+benchmark, not the test.)"""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def test_overload_scenario_with_small_echo_tiers(tmp_path) -> None:
     command += ["--capacity-s", "4", "--unloaded-s", "2", "--max-tokens", "20"]
     command += ["--engine", "echo", "--echo-tokens-per-s", "10"]
     command += ["--echo-max-running", "4", "--echo-max-queued", "8", "--json"]
+    command += ["--keys", "2", "--key-rate-ratio", "4"]
     report, _ = json_command(command, tmp_path / "run", timeout=280)
     assert report["benchmark"] == "overload" and report["load"] == 8.0
     assert report["capacity_rps"] > 0 and report["answered_rps"] > 0
@@ -37,12 +39,17 @@ def test_overload_scenario_with_small_echo_tiers(tmp_path) -> None:
     assert all("->" in move for move in report["step_downs"])
     # past capacity the router moves interactive chats to another tier, or refuses some
     assert report["step_downs"] or report["refusals"] > 0
-    assert report["per_key_share"] is None and "API keys" in report["per_key_share_note"]
+    keys = report["per_key_share"]
+    assert list(keys) == ["bench-key-1", "bench-key-2"]
+    assert [keys[k]["rate_share"] for k in keys] == [0.2, 0.8]
+    assert all(set(keys[k]) >= {"sent", "answered_share", "rate_share"} for k in keys)
+    assert sum(keys[k]["sent"] for k in keys) == report["scenario"]["requests_scheduled"]
     assert set(report["targets"]) == {
         "interactive_answered_share",
         "interactive_quality_vs_unloaded",
         "critical_ttft_p99_x_unloaded",
         "refusal_p99_ms",
+        "slower_key_answered_share",
     }
     assert report["unloaded"]["answered"] > 0 and report["capacity"]["ramp"]
 

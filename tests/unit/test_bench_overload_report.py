@@ -1,7 +1,8 @@
 """The numbers of `tiermesh bench --scenario overload` (services/bench/overload_report.py) on
-plain records: shares of sent per priority, step-downs counted from the route decisions'
-stepped_from and tier, nearest-rank percentiles of TTFT and of the time to a refusal, quality
-against the same requests answered unloaded, and the targets judged from them."""
+plain records: shares of sent per priority and per API key, step-downs counted from the route
+decisions' stepped_from and tier, nearest-rank percentiles of TTFT and of the time to a refusal,
+quality against the same requests answered unloaded, and the targets judged from them; the
+keys' rates and which key sends each request (overload_keys.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from services.bench.overload_bench import (
     priority_of,
     unloaded_stride,
 )
+from services.bench.overload_keys import key_of, key_rates
 from services.bench.overload_report import (
     ms_percentiles,
     overload_summary,
@@ -161,3 +163,55 @@ def test_capacity_is_capped_by_what_an_unserved_step_answered_at() -> None:
     assert capacity_of(rows) == 14.0
     assert capacity_of(rows[:2]) == 20.0  # nothing unserved to bound it
     assert capacity_of(rows[2:]) is None
+
+
+def _keyed(record: RequestRecord, key: str) -> RequestRecord:
+    record.api_key = key
+    return record
+
+
+def test_per_key_share_and_the_slower_keys_target() -> None:
+    loaded = [
+        _keyed(_answered(0, "interactive", 0.01, "answer 0"), "slow"),
+        _keyed(_answered(1, "interactive", 0.01, "answer 1"), "fast"),
+        _keyed(_answered(2, "interactive", 0.01, "answer 2"), "fast"),
+        _keyed(_refused(3, "interactive", 0.001, "FAIR_SHARE"), "fast"),
+    ]
+    summary = overload_summary(loaded, [], ITEMS, {"slow": 0.25, "fast": 0.75})
+    slow, fast = summary["per_key_share"]["slow"], summary["per_key_share"]["fast"]
+    assert (slow["rate_share"], slow["sent"], slow["answered_share"]) == (0.25, 1, 1.0)
+    assert (fast["rate_share"], fast["sent"], fast["answered_share"]) == (0.75, 3, 0.6667)
+    assert fast["refused"] == {"FAIR_SHARE": 1}
+    judged = targets(summary)["slower_key_answered_share"]
+    assert judged == {"value": 1.0, "target": 0.99, "met": True}
+    assert table_rows(summary)[3][:3] == ["slow (25.0% of rate)", "1", "100.0%"]
+    # equal rates: no slower key; no keys: no per_key_share
+    equal = overload_summary(loaded, [], ITEMS, {"slow": 0.5, "fast": 0.5})
+    assert targets(equal)["slower_key_answered_share"]["met"] is None
+    assert overload_summary(loaded, [], ITEMS)["per_key_share"] is None
+
+
+@pytest.mark.parametrize(
+    ("keys", "ratio", "shares"),
+    [
+        (1, 1.0, [1.0]),
+        (2, 1.0, [0.5, 0.5]),
+        (2, 10.0, [1 / 11, 10 / 11]),  # the fairness target's two keys
+        (3, 4.0, [1 / 7, 2 / 7, 4 / 7]),  # geometric between the first and the last
+    ],
+)
+def test_key_rates(keys: int, ratio: float, shares: list[float]) -> None:
+    rates = key_rates(keys, ratio)
+    assert list(rates) == [f"bench-key-{k + 1}" for k in range(keys)]
+    assert list(rates.values()) == pytest.approx(shares)
+
+
+def test_keys_are_seeded_per_request_and_follow_their_rates() -> None:
+    rates = key_rates(2, 10.0)
+    drawn = [key_of(3, rates)(i) for i in range(4000)]
+    assert drawn == [key_of(3, rates)(i) for i in range(4000)]
+    assert drawn.count("bench-key-1") / len(drawn) == pytest.approx(1 / 11, abs=0.015)
+    with pytest.raises(ValueError, match="--key-rate-ratio"):
+        key_rates(2, 0.5)
+    with pytest.raises(ValueError, match="--keys"):
+        key_rates(-1, 1.0)
