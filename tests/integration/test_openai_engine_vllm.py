@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 import grpc
 import httpx
 import pytest
+from tiermesh.client.status_details import parse_status_details
 from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
 
 from services.common.child_process import Child
@@ -112,3 +113,17 @@ async def test_a_cancelled_chat_drops_the_servers_running_count(
         call.cancel()
     while await server_running(vllm_server) > 0:  # the server saw the HTTP stream close
         await asyncio.sleep(0.1)
+
+
+async def test_a_prompt_longer_than_the_servers_context_is_prompt_too_long(
+    tier: TierServer,
+) -> None:
+    async with grpc.aio.insecure_channel(tier.address) as channel:
+        stub = tier_pb2_grpc.TierServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            [c async for c in stub.Generate(request("Say it again: " + "word " * 2500, 8))]
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = parse_status_details(refused.value.trailing_metadata())
+    assert details.reason == "PROMPT_TOO_LONG"  # so a router moves the chat on to another tier
+    assert details.metadata["limit_tokens"] == "2047"  # --max-model-len 2048
+    assert int(details.metadata["prompt_tokens"]) > 2048
