@@ -3,12 +3,14 @@
 tiermesh bench [--scenario S] [--json] [--out DIR]   single vs hybrid vs progressive under load
 tiermesh bench sweep [--clients 1,2,...,64]          throughput by concurrency, single vs hybrid
 tiermesh bench engine [--dtype D] [--json]           continuous batching vs sequential generate
+tiermesh bench engine --engine torch,vllm            engines side by side (vLLM from .venv-vllm)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,16 @@ def register(commands: Any) -> None:
         default=3,
         help="timed bursts per level for our engine, after one untimed warm-up burst (>= 1)",
     )
+    engine.add_argument(
+        "--engine",
+        dest="engines",
+        help="engines side by side, each in its own process: a comma-separated list of torch, "
+        "vllm (tiermesh's vllm engine), vllm-tier (a tier on vLLM over gRPC) and vllm-server "
+        "(vLLM's own OpenAI server); default: torch in this process against transformers",
+    )
+    engine.add_argument(
+        "--seed", type=int, default=0, help="with --engine: the order prompts are drawn in"
+    )
     engine.add_argument("--json", action="store_true", help="one JSON object as the last line")
     engine.set_defaults(func=cmd_engine)
 
@@ -74,6 +86,8 @@ def cmd_engine(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         console.print(f"[red]bench engine:[/red] --rounds must be >= 1, got {args.rounds}")
         return 2
+    if args.engines is not None:
+        return cmd_engines(args, model, console)
     with console.status("benchmarking…") as status:
         report = run_engine_bench(
             model,
@@ -88,6 +102,78 @@ def cmd_engine(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report))
     return 0
+
+
+def cmd_engines(args: argparse.Namespace, model: Path, console: Console) -> int:
+    """`bench engine --engine ...`: the engines side by side, progress on stderr."""
+    from services.bench.engine_plan import VLLM_ENGINES, parse_engines
+    from services.bench.engine_servers import ChildFailed
+    from services.bench.engine_side_by_side import run_engines_bench
+    from services.common.errors import ConfigError
+    from services.launcher.vllm_tiers import CHECKOUT, require_python, vllm_python
+
+    try:
+        engines = parse_engines(args.engines)
+    except ValueError as e:
+        console.print(f"[red]bench engine:[/red] --engine: {e}")
+        return 2
+    python = vllm_python(TierConfig(name="large", model_path=model), os.environ, CHECKOUT)
+    if VLLM_ENGINES & set(engines):
+        try:
+            require_python(python)
+        except ConfigError as e:
+            console.print(f"[red]bench engine:[/red] {e}")
+            return 2
+    progress = Console(stderr=True)
+    try:
+        report = run_engines_bench(
+            model,
+            engines,
+            args.concurrency,
+            args.max_tokens,
+            python,
+            rounds=args.rounds,
+            seed=args.seed,
+            dtype=args.dtype,
+            progress=lambda text: progress.log(text),
+        )
+    except ChildFailed as e:
+        console.print(f"[red]bench engine:[/red] {e}")
+        return 1
+    print_engines_report(report, console)
+    if args.json:
+        print(json.dumps(report))
+    return 0
+
+
+def print_engines_report(report: dict[str, Any], console: Console) -> None:
+    """The side-by-side table: one row per engine and level, then the target ratios."""
+    table = Table(title=f"engines side by side: {report['model']} ({report['params'] / 1e6:.1f}M)")
+    columns = ("engine", "streams", "tokens/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT ms")
+    for column in (*columns, "= generate", "RSS MB"):
+        table.add_column(column, justify="right" if column != "engine" else "left")
+    for row in report["rows"]:
+        rss = row["rss_mb"]
+        table.add_row(
+            row["engine"],
+            str(row["concurrency"]),
+            f"{row['tokens_per_s']:.0f}",
+            f"{row['ttft_ms_p50']:.1f}",
+            f"{row['ttft_ms_p99']:.1f}",
+            f"{row['tpot_ms']:.2f}",
+            f"{row['streams_matching_generate']}/{row['concurrency']}",
+            "-" if rss is None else f"{rss:.0f}",
+        )
+    console.print(table)
+    for level in report["levels"]:
+        for key, text in (
+            ("torch_vs_vllm_tokens_per_s", "torch / vllm tokens/s"),
+            ("torch_vs_vllm_ttft_p99", "torch / vllm TTFT p99"),
+            ("tier_vs_vllm_server_tokens_per_s", "vllm-tier / vllm-server tokens/s"),
+        ):
+            ratio = report.get(f"{key}_at_{level}")
+            if ratio is not None:
+                console.print(f"{text} at {level} streams: {ratio:.2f}x")
 
 
 def print_engine_report(report: dict[str, Any], console: Console) -> None:

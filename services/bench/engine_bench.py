@@ -13,21 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import os
-import statistics
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
+from services.bench.engine_bursts import LevelResult
+from services.bench.engine_bursts import level_result as _level
 from services.common.config import TierConfig
-from services.common.percentiles import percentile
 from services.tier.engine import GenerationRequest
-from services.tier.linear_kernels import LINEAR_LAYOUT_ENV, LayoutChoice
+from services.tier.linear_kernels import LINEAR_LAYOUT_ENV
 from services.tier.model_loading import LoadedModel, imported_dtype, load_causal_lm
 from services.tier.tokenizer_loading import encode_prompt, render_prompt
 from services.tier.torch_engine import TorchEngine
@@ -42,40 +42,6 @@ DEFAULT_PROMPTS = [
     "Can I change my delivery address?",
     "What payment methods do you accept?",
 ]
-
-
-@dataclass
-class LevelResult:
-    engine: str
-    concurrency: int
-    tokens: int
-    seconds: float
-    tokens_per_s: float
-    ttft_ms_p50: float
-    ttft_ms_p99: float
-    tpot_ms: float  # mean time per output token after the first, per stream
-    outputs: list[list[int]] | None = None  # generated ids per stream, sorted (not reported)
-    linear_layout: LayoutChoice | None = None  # the engine's (not reported per row)
-
-
-def _level(
-    engine: str,
-    concurrency: int,
-    tokens: int,
-    seconds: float,
-    firsts: list[float],
-    tpots: list[float],
-) -> LevelResult:
-    return LevelResult(
-        engine=engine,
-        concurrency=concurrency,
-        tokens=tokens,
-        seconds=round(seconds, 4),
-        tokens_per_s=round(tokens / seconds, 2),
-        ttft_ms_p50=round(statistics.median(firsts), 3),
-        ttft_ms_p99=round(percentile(firsts, 0.99) or 0.0, 3),
-        tpot_ms=round(statistics.fmean(tpots), 3) if tpots else 0.0,
-    )
 
 
 def prompt_ids(loaded: LoadedModel, n: int, prompts: list[str]) -> list[list[int]]:
@@ -168,9 +134,14 @@ class _FirstTokenTimer:
 
 
 def run_generate(
-    loaded: LoadedModel, concurrency: int, max_tokens: int, prompts: list[str]
+    loaded: LoadedModel,
+    concurrency: int,
+    max_tokens: int,
+    prompts: list[str],
+    keep_order: bool = False,
 ) -> LevelResult:
-    """All requests arrive at once; HF generate serves them one after another (greedy)."""
+    """All requests arrive at once; HF generate serves them one after another (greedy). The
+    outputs are sorted, or in the requests' order with `keep_order`."""
     ids = prompt_ids(loaded, concurrency, prompts)
     start = time.perf_counter()
     firsts, tpots, tokens, outputs = [], [], 0, []
@@ -197,7 +168,7 @@ def run_generate(
             if n > 1:
                 tpots.append((timer.last - first) / (n - 1) * 1000)
     level = _level("hf_generate", concurrency, tokens, time.perf_counter() - start, firsts, tpots)
-    level.outputs = sorted(outputs)
+    level.outputs = outputs if keep_order else sorted(outputs)
     return level
 
 
@@ -270,7 +241,7 @@ def bandwidth_bound(loaded: LoadedModel, batch1: LevelResult | None) -> dict[str
     }
 
 
-def _in_own_thread(function: Callable[..., T], *args: Any) -> T:
+def in_own_thread(function: Callable[..., T], *args: Any) -> T:
     """Runs `function` on a thread that ends with it. Each thread issuing torch ops gets its
     own OpenMP team; a team left alive on another thread would slow the engine under test."""
     with ThreadPoolExecutor(max_workers=1) as thread:
@@ -306,7 +277,7 @@ def run_engine_bench(
     `rounds` times after a warm-up burst; sequential generate runs it once."""
     prompts = prompts or DEFAULT_PROMPTS
     dtype = dtype or imported_dtype(model) or "float32"
-    loaded = _in_own_thread(load_causal_lm, model, "cpu", dtype)
+    loaded = in_own_thread(load_causal_lm, model, "cpu", dtype)
     rows: list[LevelResult] = []
     skipped: dict[str, str] = {}
     for level in levels:
@@ -316,11 +287,11 @@ def run_engine_bench(
             rows.append(asyncio.run(run_ours(model, level, max_tokens, prompts, dtype, rounds)))
         if progress:
             progress(f"{level} streams: sequential generate")
-        rows.append(_in_own_thread(run_generate, loaded, level, max_tokens, prompts))
+        rows.append(in_own_thread(run_generate, loaded, level, max_tokens, prompts))
         if with_transformers_batching and "hf_generate_batch" not in skipped:
             if progress:
                 progress(f"{level} streams: transformers generate_batch")
-            result = _in_own_thread(run_transformers_batching, loaded, level, max_tokens, prompts)
+            result = in_own_thread(run_transformers_batching, loaded, level, max_tokens, prompts)
             if isinstance(result, str):
                 skipped["hf_generate_batch"] = result
             else:
@@ -338,7 +309,7 @@ def run_engine_bench(
         "levels": levels,
         "rows": [_row(r, by.get(("hf_generate", r.concurrency))) for r in rows],
         "skipped": skipped,
-        "bandwidth": _in_own_thread(
+        "bandwidth": in_own_thread(
             bandwidth_bound, loaded, ours1 if ours1 and ours1.concurrency == 1 else None
         ),
     }
