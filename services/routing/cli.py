@@ -326,7 +326,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     except (ConfigError, OSError) as e:
         console.print(f"[red]route explain:[/red] {e}")
         return 2
-    explanation = explain(policy, args.prompt, config.default_max_tokens, max(0, args.top))
+    explanation = explain(policy, args.prompt, config.default_max_tokens, max(0, args.top), config)
     if args.json:
         print(json.dumps(explanation.to_json()))
     else:
@@ -347,6 +347,12 @@ def _print_explanation(explanation: Any, console: Console) -> None:
     if explanation.large_queue_limit is not None:
         loads += f"; past {explanation.large_queue_limit} queued on large, large may go to medium"
     console.print(loads)
+    progressive = explanation.progressive
+    if progressive is not None:
+        console.print(
+            f"as a progressive chat (gate {progressive.gate}): {' → '.join(progressive.tiers)}; "
+            f"{progressive.reason}"
+        )
     view = explanation.predictor
     if view is None:
         console.print("the policy does not read the complexity predictor")

@@ -1,7 +1,8 @@
 """`tiermesh route explain`: why a routing policy sends one prompt to the tier it does. The
-policy's own decision (tier, score, reason) and, for the policies that read the complexity
-predictor, what the predictor saw: its class probabilities and the hashed n-grams of this prompt
-that move its score most, with their weights.
+policy's own decision (tier, score, reason), for the policies that read the complexity
+predictor what the predictor saw (its class probabilities and the hashed n-grams of this prompt
+that move its score most, with their weights), and the router's plan for the prompt as a
+PROGRESSIVE chat under its gate.
 
 Pure: a policy, its predictor and a prompt in, an Explanation out. The tiers' loads are taken
 as idle (the router exposes no load RPC to read them from); a busy large tier can move a request
@@ -14,11 +15,15 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from tiermesh.v1 import router_pb2
 
+from services.common.config import RouterConfig
 from services.common.tiers import TIER_NAMES
 from services.router.adaptive_policy import AdaptivePolicy
+from services.router.chat_planning import check_chat_request, plan_chat
 from services.router.complexity_model import LEVELS, ComplexityModel, gram_index, grams
-from services.router.policy import RoutingInput, RoutingPolicy
+from services.router.fallback import never_down
+from services.router.policy import RouteChoice, RoutingInput, RoutingPolicy
 from services.router.static_policies import ThresholdPolicy
 
 LOADS_ASSUMED = "idle (not read: the router has no load RPC)"
@@ -46,6 +51,15 @@ class PredictorView:
 
 
 @dataclass(frozen=True)
+class ProgressiveView:
+    """What the router plans for the prompt as a PROGRESSIVE chat, loads idle."""
+
+    gate: str  # the router's progressive gate
+    tiers: tuple[str, ...]  # the tiers its revisions may come from, in order
+    reason: str  # the route decision's reason
+
+
+@dataclass(frozen=True)
 class Explanation:
     prompt: str
     policy: str
@@ -56,6 +70,7 @@ class Explanation:
     predictor: PredictorView | None  # None: the policy does not read the predictor
     loads: str  # which loads the decision assumed
     large_queue_limit: int | None  # past it a request scored for large may go to medium
+    progressive: ProgressiveView | None = None  # the same prompt as a PROGRESSIVE chat
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,8 +131,23 @@ def predictor_of(policy: RoutingPolicy) -> ComplexityModel | None:
     return None
 
 
-def explain(policy: RoutingPolicy, prompt: str, max_tokens: int = 200, top: int = 8) -> Explanation:
-    """The policy's decision on `prompt` with idle tiers, and what it rests on."""
+def progressive_view(config: RouterConfig, choice: RouteChoice, prompt: str) -> ProgressiveView:
+    """The router's own plan (chat_planning.plan_chat) of `prompt` as a PROGRESSIVE chat under
+    its configured gate, with every tier idle and up, given the policy's `choice`."""
+    request = router_pb2.ChatRequest(prompt=prompt, mode=router_pb2.MODE_PROGRESSIVE)
+    plan = plan_chat(check_chat_request(request, config), config, {}, never_down, choice)
+    return ProgressiveView(config.progressive_gate, plan.tiers, plan.decision.reason)
+
+
+def explain(
+    policy: RoutingPolicy,
+    prompt: str,
+    max_tokens: int = 200,
+    top: int = 8,
+    config: RouterConfig | None = None,
+) -> Explanation:
+    """The policy's decision on `prompt` with idle tiers, and what it rests on; with the
+    router's `config`, also its plan for the prompt as a PROGRESSIVE chat."""
     choice = policy.route(RoutingInput((("user", prompt),), max_tokens), {})
     thresholds = getattr(policy, "thresholds", None)
     model = predictor_of(policy)
@@ -135,4 +165,5 @@ def explain(policy: RoutingPolicy, prompt: str, max_tokens: int = 200, top: int 
         predictor=None if model is None else predictor_view(model, prompt, top),
         loads=LOADS_ASSUMED,
         large_queue_limit=getattr(policy, "large_queue_limit", None),
+        progressive=None if config is None else progressive_view(config, choice, prompt),
     )

@@ -96,3 +96,21 @@ def test_route_explain_prints_one_json_object() -> None:
         [*command, "--policy", "nope"], capture_output=True, text=True, timeout=60, check=False
     )
     assert other.returncode == 2 and "policy" in other.stdout + other.stderr
+
+
+@pytest.mark.parametrize(
+    ("prompt", "gate", "tiers", "reason"),
+    [
+        (PROMPTS[0], "escalate", ("small", "medium", "large"), "escalate: small first"),
+        (PROMPTS[2], "escalate", ("medium", "large"), "escalate: medium first"),
+        (PROMPTS[0], "always", ("small", "large"), "draft from small, refined by large"),
+    ],
+)
+def test_the_progressive_plan_is_the_routers(
+    prompt: str, gate: str, tiers: tuple[str], reason: str
+) -> None:
+    config = load_config(RouterConfig, ROUTER_CONFIG, progressive_gate=gate)
+    explained = explain(create_policy(config), prompt, config=config)
+    assert explained.progressive is not None
+    assert (explained.progressive.gate, explained.progressive.tiers) == (gate, tiers)
+    assert explained.progressive.reason.startswith(reason)
