@@ -13,6 +13,7 @@ through `Escalation.run`, the decision the router runs. Pure numpy over measured
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -132,3 +133,18 @@ def escalation_per_request(
         spent.append(sum(costs[t] * outcome.tiers[t].tokens for t in ran))
     each = replace(PerRequest.of(outcomes, tiers, costs), cost=np.asarray(spent))
     return tiers, each
+
+
+def first_tier_p99_ms(
+    outcomes: Sequence[Outcome], model: ComplexityModel, escalation: Escalation
+) -> float:
+    """The p99 time of the gate's decision before any tier runs (the prompt's score, then its
+    chain of tiers), in ms; what follows (an answer's confidence against a threshold) is one
+    comparison."""
+    samples = []
+    for outcome in outcomes:
+        start = time.perf_counter()
+        escalation.chain(model.score(outcome.prompt))
+        samples.append((time.perf_counter() - start) * 1000)
+    samples.sort()
+    return samples[min(len(samples) - 1, int(len(samples) * 0.99))] if samples else 0.0

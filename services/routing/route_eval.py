@@ -28,6 +28,7 @@ from services.routing.cascade import (
     QUALITY,
     cascade_per_request,
     escalation_per_request,
+    first_tier_p99_ms,
     tune_cascade,
 )
 from services.routing.intervals import CONFIDENCE, RESAMPLES, PerRequest, Resampler
@@ -200,7 +201,9 @@ def route_eval(
         "adaptive_learning_curve": curve,
     }
 
-    def every_tier_paid(name: str, tiers: list[str], each: PerRequest) -> dict[str, Any]:
+    def every_tier_paid(
+        name: str, tiers: list[str], each: PerRequest, p99_ms: float
+    ) -> dict[str, Any]:
         """The row of a policy that may run several tiers per request (each one paid)."""
         result = RoutingResult(
             accuracy=float(each.correct.mean()),
@@ -208,16 +211,19 @@ def route_eval(
             share=evaluate_choices(outcomes, tiers, costs).share,
             misroute_rate=float((each.too_small + each.too_big).mean()),
         )
-        return with_intervals(_row(name, result, large, costs, cost_weight, 0.0), tiers, each)
+        return with_intervals(_row(name, result, large, costs, cost_weight, p99_ms), tiers, each)
 
     # the router's gate as it ships (RouterConfig's escalate thresholds), by its own decision
     shipped = escalation_of(RouterConfig())
     escalated = escalation_per_request(outcomes, model, costs, shipped)
-    report["escalate"] = every_tier_paid("escalate", *escalated) | {"thresholds": asdict(shipped)}
+    p99_ms = first_tier_p99_ms(outcomes, model, shipped)
+    report["escalate"] = every_tier_paid("escalate", *escalated, p99_ms) | {
+        "thresholds": asdict(shipped)
+    }
     if tuning is not None:
         cascade = tune_cascade(model, tuning, costs)
         report["cascade"] = every_tier_paid(
-            "cascade", *cascade_per_request(outcomes, model, costs, cascade)
+            "cascade", *cascade_per_request(outcomes, model, costs, cascade), p99_ms
         ) | {
             "tuned_on_dev": cascade.__dict__,
             "target": {"quality_vs_large": QUALITY, "cost_vs_large": COST},

@@ -112,3 +112,4 @@ def test_route_eval_reports_the_routers_escalate_gate_as_configured() -> None:
     }
     low, high = row["misroute_rate_ci95"]
     assert low <= row["misroute_rate"] <= high
+    assert row["p99_route_ms"] > 0  # the gate's decision before any tier runs, measured
