@@ -121,6 +121,9 @@ async def start_gateway(config: GatewayConfig) -> RunningGateway:
     return RunningGateway(config, server, task, int(sock.getsockname()[1]), guard)
 
 
+_serving: list[uvicorn.Server] = []  # the server main() runs, once it serves
+
+
 async def _serve(config: GatewayConfig) -> None:
     telemetry = setup_telemetry("gateway")
     uvicorn_config, guard = _uvicorn_config(config)
@@ -128,15 +131,21 @@ async def _serve(config: GatewayConfig) -> None:
     log.info("gateway on http://%s:%d, router %s", config.host, config.port, config.router)
     server = uvicorn.Server(uvicorn_config)
     freeze_heap()  # imports and the app out of the collector's reach (services/common/heap.py)
+    _serving.append(server)
     try:
         await server.serve(sockets=[sock])
     finally:
         telemetry.shutdown()
 
 
-def _exit_after_drain(signum: int, frame: object) -> None:
-    log.info("stopped")
-    raise SystemExit(0)
+def _stop(signum: int, frame: object) -> None:
+    """SIGINT and SIGTERM. While serving, uvicorn takes them itself and drains, then raises
+    the signal again here once it has: the server is told to exit (already so) and serve()
+    returns, so the process ends with 0 and no task is cancelled under it. Before it serves,
+    the process just ends."""
+    if not _serving:
+        raise SystemExit(0)
+    _serving[0].should_exit = True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,11 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(GatewayConfig, args.config, **options)
         stop_with_parent()
         configure_logging("gateway", env.log_level())
-        # uvicorn drains on SIGINT/SIGTERM, then raises the signal again with the handlers it
-        # found: Ctrl-C's KeyboardInterrupt and this SIGTERM handler end the process with 0
-        signal.signal(signal.SIGTERM, _exit_after_drain)
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
         asyncio.run(_serve(config))
-    except KeyboardInterrupt:
         log.info("stopped")
     except (TiermeshError, OSError) as e:
         print(f"gateway: {e}", file=sys.stderr)
