@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from services.common import parent_watch
 from services.common.config import TierConfig
 from services.common.errors import Unavailable
 from services.tier.chunking import ChunkAssembler
@@ -127,6 +128,9 @@ class VllmEngine(EngineLifecycle):
     async def _start_model(self) -> PromptFormat:
         cfg = self._config
         os.environ.update(engine_environment(cfg, os.environ))
+        # vLLM's engine core, spawned below, stops when this process dies, even by SIGKILL
+        # (services/tier/vllm_server.py arms it); else it lives on holding the model's memory
+        os.environ[parent_watch.ENV] = str(os.getpid())
         started = time.perf_counter()
         from vllm.engine.arg_utils import AsyncEngineArgs  # vLLM: only a vllm tier
         from vllm.v1.engine.async_llm import AsyncLLM
