@@ -10,9 +10,10 @@ ROUTED and PINNED stream one tier as revision 0. PROGRESSIVE streams the draft t
 ended unsure), so the refinement's prefill never delays the draft; the refinement then streams
 as revision 1 replacing the draft; a draft confident enough for the gate is the answer and the
 refinement is cancelled or never opened; a refinement that fails or runs over its budget leaves
-the draft as the answer. A ROUTED chat with a fallback tier and a first-token timeout opens the
-fallback tier when the first token is late; the first of the two to stream wins, the other is
-cancelled, and one that fails or ends before its first chunk loses.
+the draft as the answer (the gate's verdict on a finished answer: progressive_verdicts.py). A
+ROUTED chat with a fallback tier and a first-token timeout opens the fallback tier when the
+first token is late; the first of the two to stream wins, the other is cancelled, and one that
+fails or ends before its first chunk loses.
 
 Failover: a failed call moves on to another replica of its tier while one is left untried,
 then along the plan's `fallbacks` (each tier at most once). One that fails before its first
@@ -35,6 +36,13 @@ from tiermesh.v1 import router_pb2, tier_pb2
 from services.common.errors import PROMPT_TOO_LONG
 from services.router.chat_events import RefinementSettled, TierCallOpening
 from services.router.chat_plan import ChatPlan, SessionClock, tier_request_id
+from services.router.progressive_verdicts import (
+    escalates_to,
+    refined,
+    settled_draft,
+    tier_above,
+    unsure,
+)
 from services.router.revision_stream import RevisionStream
 from services.router.revisions import KeptPrefix, revision_end
 from services.router.session_actions import (
@@ -347,38 +355,14 @@ class SessionCore:
             reason = f"{self.plan.note}; {reason}"
         return self._final(s.call, s.revision, reason, None, now)
 
-    def _threshold(self, tier: str) -> float:
-        """The confidence a finished answer of `tier` needs to end the chat (a gate's)."""
-        escalation = self.plan.escalation
-        if escalation is None:
-            return self.plan.min_confidence
-        threshold = escalation.threshold(tier)
-        return 0.0 if threshold is None else threshold
-
-    def _above(self, tier: str) -> str | None:
-        """The tier that refines an unsure answer of `tier`: the next of the plan's chain
-        (escalate), else the refine tier."""
-        tiers = self.plan.tiers
-        if self.plan.escalation is None:
-            return tiers[-1]
-        index = tiers.index(tier) if tier in tiers else len(tiers)
-        return tiers[index + 1] if index + 1 < len(tiers) else None
-
     def _draft_over(self, draft: RevisionStream, now: float) -> list[Action]:
-        plan, call = self.plan, draft.call
-        threshold = self._threshold(call.tier)
-        above = self._above(call.tier)
-        if (
-            draft.complete
-            and plan.gate != "always"
-            and (call.confidence >= threshold or above is None)
+        call = draft.call
+        refine_started = self._refine is not None
+        if draft.complete and (
+            settled := settled_draft(self.plan, call.tier, call.confidence, refine_started)
         ):
-            verdict = "cancelled" if self._refine is not None else "skipped"
-            sure = f"{call.confidence:.2f} >= {_share(threshold)}"
-            reason = f"draft confident ({sure}); refinement {verdict}"
-            if above is None:
-                reason = f"answered by {call.tier}, the top of the chain; refinement skipped"
-            return self._final(call, 0, reason, verdict, now)
+            return self._final(call, 0, settled.reason, settled.refinement, now)
+        above = tier_above(self.plan, call.tier)
         out: list[Action] = []
         if self._refine is None:
             assert above is not None
@@ -402,13 +386,10 @@ class SessionCore:
             broken = f"after {len(draft.call.text)} characters ({describe(draft.error)})"
             notes = [f"draft by {draft.call.tier} failed {broken}", *notes]
         if s.complete:
-            unsure = f"{draft.call.confidence:.2f} < {_share(self._threshold(draft.call.tier))}"
-            above = self._above(s.call.tier) if plan.escalation is not None else None
-            if above is not None and s.call.confidence < self._threshold(s.call.tier):
-                return self._escalate(s, above, unsure, now)
-            reason = f"refined by {s.call.tier}"
-            if plan.gate != "always":
-                reason += f" (draft unsure: {unsure})"
+            draft_unsure = unsure(plan, draft.call.tier, draft.call.confidence)
+            if above := escalates_to(plan, s.call.tier, s.call.confidence):
+                return self._escalate(s, above, draft_unsure, now)
+            reason = refined(plan, s.call.tier, draft_unsure)
             return self._final(s.call, s.revision, "; ".join([*notes, reason]), "completed", now)
         assert s.error is not None
         if draft.complete:
@@ -420,16 +401,14 @@ class SessionCore:
         assert draft.error is not None
         return self._fail(draft.call.tier, draft.error)
 
-    def _escalate(self, s: RevisionStream, above: str, unsure: str, now: float) -> list[Action]:
+    def _escalate(
+        self, s: RevisionStream, above: str, draft_unsure: str, now: float
+    ) -> list[Action]:
         """An escalation's answer ended unsure too: it becomes the answer a failure falls back
         to, and the next tier up refines it as the next revision."""
-        draft = self._draft
-        assert draft is not None
-        self._escalated += [
-            *s.notes,
-            f"refined by {s.call.tier} (draft unsure: {unsure}), itself unsure "
-            f"({s.call.confidence:.2f} < {_share(self._threshold(s.call.tier))})",
-        ]
+        itself = unsure(self.plan, s.call.tier, s.call.confidence)
+        refinement = refined(self.plan, s.call.tier, draft_unsure)
+        self._escalated += [*s.notes, f"{refinement}, itself unsure ({itself})"]
         self._draft = s
         out: list[Action] = []
         nxt = self._open(out, above, self._deadlines.refine_s(now))
@@ -496,8 +475,3 @@ class SessionCore:
             return []
         call.reported = True
         return [ended_event(call)]
-
-
-def _share(threshold: float) -> str:
-    """A threshold as configured: two decimals, three where it has them (0.50, 0.945)."""
-    return f"{threshold:.2f}" if round(threshold, 2) == threshold else f"{threshold:.3f}"
