@@ -6,7 +6,8 @@
 #           same greedy ids) with model and engine on the GPU: the large tier in float32 and the
 #           SmolLM2-shaped model in bfloat16, at 1/16/64 streams x 64 tokens
 #   mesh    `tiermesh run --device cuda` (built-in models), one routed and one progressive
-#           `tiermesh chat --json`, then Ctrl-C's signal and a clean exit
+#           `tiermesh chat --json`, each tier's device from its GetStatus, then Ctrl-C's signal
+#           and a clean exit
 #   engine  scripts/cuda_check.py: each built-in tier (small, medium, large) on the GPU against
 #           the CPU (greedy token ids alone, batched, continued; the first differing position on
 #           a mismatch), throughput at 1/16/64 streams x 64 tokens for the large tier and a
@@ -24,10 +25,11 @@
 # /tmp/site and put on PYTHONPATH after the repository, which is used in place
 # (PYTHONPATH=.:clients/python/src:/tmp/site): a tiermesh_client wheel there is skipped, so the
 # client and its stubs always come from this checkout. WHEELS= (empty) installs none.
-# Environment: PYTHON (default python3), WHEELS, LEVELS (default 1,16,64 on a GPU, 1,4 on the CPU),
+# Environment: PYTHON (default python3), WHEELS, CHECKS (default bench,mesh,engine: which steps),
+# LEVELS (default 1,16,64 on a GPU, 1,4 on the CPU),
 # BASE_PORT (default 52100), TIME_SCALE (each step's time limit times this; 1 on a GPU, 3 on
-# the CPU). Each step has its own time limit (590 s together on a GPU); on an H200 the whole
-# run takes about 5 minutes. The integration tests are not run here: they build
+# the CPU). Each step has its own time limit (520 s together on a GPU); on an H200 the whole
+# run took 270 s. The integration tests are not run here: they build
 # their tiers on the CPU and have no switch for another device.
 set -u -o pipefail
 
@@ -48,6 +50,8 @@ STARTED=$(date +%s)
 STEPS=()
 
 say() { echo "$*" | tee -a "$LOG"; }
+CHECKS=${CHECKS:-bench,mesh,engine}
+wants() { [[ ",$CHECKS," == *",$1,"* ]]; }
 
 # one step: NAME, its timeout in seconds, then the command; its output goes to the log, its
 # result to the summary
@@ -127,13 +131,33 @@ SMOL=/tmp/cuda_check_smollm2_shape
 # the built-in large model in float32 (as its tier runs), then the SmolLM2-shaped model in
 # bfloat16 (the longer one: sequential generate of 64 streams on 30 layers); transformers' own
 # batching is left out, for time
-for bench in "services/tier_large/model float32 100" "$SMOL bfloat16 170"; do
+for bench in "services/tier_large/model float32 60" "$SMOL bfloat16 220"; do
+    wants bench || break
     read -r model dtype limit <<<"$bench"
     step "bench engine on $DEVICE: $model $dtype" "$limit" \
         bash -c 'set -o pipefail; bench_engine "$@" | tee -a "$OUT/bench_engine.jsonl"' _ \
         --model "$model" --dtype $dtype --concurrency "$LEVELS" --max-tokens $BENCH_TOKENS \
         --rounds 2 --no-transformers-batching --json
 done
+
+# each tier's device, from its GetStatus (`tiermesh run` puts small, medium, large on ports
+# BASE_PORT+10..12); fails unless every one is on $DEVICE
+tier_devices() {
+    "$PYTHON" - "$BASE_PORT" "$DEVICE" <<'PY'
+import sys
+import grpc
+from tiermesh.v1 import tier_pb2, tier_pb2_grpc
+base, device, ok = int(sys.argv[1]), sys.argv[2].split(":")[0], True
+for i, name in enumerate(("small", "medium", "large")):
+    with grpc.insecure_channel(f"127.0.0.1:{base + 10 + i}") as channel:
+        stub = tier_pb2_grpc.TierServiceStub(channel)
+        status = stub.GetStatus(tier_pb2.GetStatusRequest(), timeout=10)
+    print(f"  {name}: device {status.device}, model {status.model_id}")
+    ok = ok and status.device.startswith(device)
+sys.exit(0 if ok else 1)
+PY
+}
+export -f tier_devices
 
 mesh() {
     set -o pipefail
@@ -160,6 +184,11 @@ mesh() {
                 ok=0
             fi
         done
+        echo "---- each tier's device (GetStatus)"
+        if ! tier_devices; then
+            echo "FAIL a tier is not on $DEVICE"
+            ok=0
+        fi
     else
         echo "FAIL the mesh did not come up"
         ok=0
@@ -178,12 +207,12 @@ mesh() {
     [ $ok = 1 ]
 }
 export -f mesh
-step "mesh: tiermesh run --device $DEVICE, routed + progressive chat" 120 bash -c mesh
+wants mesh && step "mesh: tiermesh run --device $DEVICE, routed + progressive chat" 90 bash -c mesh
 
-step "engine: tiers cuda=cpu, throughput, gRPC tier" 200 \
+wants engine && step "engine: tiers cuda=cpu, throughput, gRPC tier" 150 \
     $PYTHON scripts/cuda_check.py --out "$OUT/engine" --device "$DEVICE" --levels "$LEVELS"
 # scripts/cuda_check.py reports mismatches and failed sub-steps in its own lines; count them here
-if [ -f "$OUT/engine/cuda_check.json" ]; then
+if wants engine && [ -f "$OUT/engine/cuda_check.json" ]; then
     $PYTHON - "$OUT/engine/cuda_check.json" <<'EOF' 2>&1 | tee -a "$LOG"
 import json, sys
 r = json.load(open(sys.argv[1]))
