@@ -243,11 +243,12 @@ async def grpc_tier(model: Path, device: str) -> None:
         await server.stop(0)
 
 
-async def step(name: str, run: Callable[[], Awaitable[Any]]) -> Any:
+async def step(name: str, run: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    """`await run(*args)`; an exception is logged and recorded, and the result is then None."""
     started = time.perf_counter()
     log(f"---- {name}")
     try:
-        result = await run()
+        result = await run(*args)
     except Exception as e:  # one failed step must not stop the others
         RESULTS.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"
         log(f"FAIL {name}: {type(e).__name__}: {e}")
@@ -290,16 +291,16 @@ async def main() -> int:
             for level in levels:
                 await step(
                     f"profile {dtype} at {level} streams",
-                    lambda d=dtype, n=level: profile(
-                        config("large", folder, device, d), n, args.out
-                    ),
+                    lambda d, n: profile(config("large", folder, device, d), n, args.out),
+                    dtype,
+                    level,
                 )
         (args.out / "cuda_check.json").write_text(json.dumps(RESULTS, indent=1))
         return 0
     for tier in TIERS:
-        cpu = await step(f"{tier} on cpu", lambda t=tier: answers(config(t, models[t], "cpu")))
+        cpu = await step(f"{tier} on cpu", lambda t: answers(config(t, models[t], "cpu")), tier)
         dev = await step(
-            f"{tier} on {device}", lambda t=tier: answers(config(t, models[t], device))
+            f"{tier} on {device}", lambda t: answers(config(t, models[t], device)), tier
         )
         if cpu and dev:
             compare(f"{tier}: {device} alone = cpu alone", cpu["alone"], dev["alone"])
@@ -327,16 +328,18 @@ async def main() -> int:
                 continue
             throughputs[f"smollm2_shape_{device}_{dtype}"] = await step(
                 f"SmolLM2-shaped throughput on {device} {dtype}",
-                lambda d=dtype: throughput(
+                lambda d: throughput(
                     config("large", folder, device, d, max_tokens=128, max_prompt_tokens=512),
                     levels if device != "cpu" else levels[:1],
                 ),
+                dtype,
             )
     if built and device.startswith("cuda"):
         for cudnn in (True, False):
             throughputs[f"smollm2_shape_{device}_float32_cudnn_attention_{cudnn}"] = await step(
                 f"SmolLM2-shaped float32, cuDNN attention {'on' if cudnn else 'off'}",
-                lambda c=cudnn: throughput(config("large", folder, device), levels, 64, c),
+                lambda c: throughput(config("large", folder, device), levels, 64, c),
+                cudnn,
             )
         torch.backends.cuda.enable_cudnn_sdp(False)
     await step(f"gRPC tier on {device}", lambda: grpc_tier(large, device))
