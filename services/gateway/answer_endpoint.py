@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import grpc
@@ -129,31 +129,41 @@ class AnswerEndpoint:
 
         watch.add_done_callback(client_left)
         try:
+            body_parts: AsyncGenerator[tuple[bytes, bool], None] | None = None
             try:
                 if not chat_request.stream:
                     completion = await completions.complete([chat], chat_request, metrics)
                 else:
                     first = await chat.first()
+                    encoder = self.wire.encoder(request)
+                    body_parts = self._stream(chat, first, request, encoder, started)
+                    # the status waits for the stream's first piece: a chat that fails before
+                    # any of its text (a tier refused it, overload, no tier holds it) is still
+                    # an HTTP error, with its Retry-After, that clients and their retries read
+                    opening = await anext(body_parts)
             except GatewayError as e:
                 chat.cancel()
                 metrics.requests.labels(model, stream_label, e.status).inc()
-                metrics.duration.labels(model, stream_label).observe(time.perf_counter() - started)
+                if body_parts is None:  # else the stream has counted its own duration
+                    elapsed = time.perf_counter() - started
+                    metrics.duration.labels(model, stream_label).observe(elapsed)
                 await self._refuse(response, e, chat.reason)
                 return
             metrics.requests.labels(model, stream_label, 200).inc()
-            if not chat_request.stream:
+            if body_parts is None:
                 answer = Answer.from_completion(completion)
                 await response.json(200, self.wire.answer(request, answer))
                 return
             await response.start(200, SSE_HEADERS)
-            encoder = self.wire.encoder(request)
-            async for data, last in self._stream(chat, first, request, encoder, started):
-                if last:
-                    await response.end(data)
-                else:
-                    await response.body(data)
+            data, last = opening
+            while not last:
+                await response.body(data)
+                data, last = await anext(body_parts)
+            await response.end(data)
         finally:
             watch.cancel()
+            if body_parts is not None:
+                await body_parts.aclose()  # its chat cancelled, its gauges settled
 
     def _chat(self, request: ParsedRequest, headers: dict[str, str]) -> ReasonedRouterChat:
         """The router chat of `request`, started, with the caller's key as `authorization`."""
@@ -180,14 +190,17 @@ class AnswerEndpoint:
         request: ParsedRequest,
         encoder: StreamEncoder,
         started: float,
-    ) -> AsyncIterator[tuple[bytes, bool]]:
-        """The SSE body in pieces of one write each, the last flagged: the opening events go
-        out with the first text, an event's pieces together, the closing events with the
-        answer's last text."""
+    ) -> AsyncGenerator[tuple[bytes, bool], None]:
+        """The SSE body in pieces of one write each, the last flagged: the opening events (and
+        any piece without text) go out with the first text, an event's pieces together, the
+        closing events with the answer's last text. A failure before the first text raises
+        its GatewayError (the response has not started: it is an HTTP error); after, it is the
+        stream's error event."""
         metrics, model = self._metrics, request.chat.model
         feed = AnswerFeed(request.chat.revisions)
         pending = encoder.opening()
         seen_text = False
+        sent = False  # a piece was yielded: the response has started
         metrics.active_streams.inc()
         try:
             event: Event | None = first
@@ -206,12 +219,17 @@ class AnswerEndpoint:
                     await chat.next()  # the call's OK status, which follows Final
                     yield data + encoder.closing(feed.answer), True
                     return
-                if pieces:
+                if sent or any(piece.text for piece in pieces):
+                    sent = True  # from the first text on, each event's pieces as they come
                     yield data, False
                     pending = b""
+                else:  # pieces without text (a revision's start) go out with the first text
+                    pending = data
                 event = await chat.next()
             raise GatewayError(502, "the router's stream ended without a final answer")
         except GatewayError as e:
+            if not sent:
+                raise
             yield pending + encoder.failure(e), True
         except AnswerReplaced as e:
             error = GatewayError(502, str(e), code="answer_replaced")
@@ -219,6 +237,8 @@ class AnswerEndpoint:
         except Exception:
             log.exception("%s stream failed", request.chat.model)
             error = GatewayError(500, "the gateway failed to serve the request", code="internal")
+            if not sent:
+                raise error from None
             yield pending + encoder.failure(error), True
         finally:
             chat.cancel()

@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -103,32 +103,42 @@ class ChatCompletionsEndpoint:
                     chat.cancel()
 
         watch.add_done_callback(client_left)
+        body_parts: AsyncGenerator[bytes, None] | None = None
         try:
             try:
                 if not chat_request.stream:
                     answer = await completions.complete(chats, chat_request, metrics)
                 else:
                     firsts = await completions.first_events(chats)
+                    body_parts = completions.stream(chats, firsts, chat_request, metrics)
+                    # the status waits for the stream's first piece: a chat that fails before
+                    # any of its output is still an HTTP error, with its Retry-After
+                    data: bytes | None = await anext(body_parts)
             except GatewayError as e:
                 for chat in chats:
                     chat.cancel()
                 metrics.requests.labels(model, stream_label, e.status).inc()
-                metrics.duration.labels(model, stream_label).observe(time.perf_counter() - started)
+                if body_parts is None:  # else the stream has counted its own duration
+                    elapsed = time.perf_counter() - started
+                    metrics.duration.labels(model, stream_label).observe(elapsed)
                 raise
             metrics.requests.labels(model, stream_label, 200).inc()
-            if not chat_request.stream:
+            if body_parts is None:
                 await response.json(200, answer)
                 return
             await response.start(200, SSE_HEADERS)
             last = b""
-            async for data in completions.stream(chats, firsts, chat_request, metrics):
+            while data is not None:
                 if data.endswith(DONE):  # the last piece: written with the body's end
                     last = data
-                    continue
-                await response.body(data)
+                else:
+                    await response.body(data)
+                data = await anext(body_parts, None)
             await response.end(last)
         finally:
             watch.cancel()
+            if body_parts is not None:
+                await body_parts.aclose()
 
     def _chat(
         self, chat_request: ChatCompletionRequest, index: int, headers: dict[str, str]

@@ -2,9 +2,10 @@
 and answers in OpenAI's format, as one `chat.completion` or as SSE `chat.completion.chunk`
 events ending with `data: [DONE]`.
 
-Errors before the stream starts are HTTP statuses (every choice's first router event is awaited
-before any header is sent); a failure after it is one `{"error": ...}` event, then the stream
-ends, and the other choices' chats are cancelled. Leaving the stream (a client that
+Errors before the stream starts are HTTP statuses (no header is sent before the stream's first
+piece: a chat refused, or failed before any of its output, is an HTTP error with its
+Retry-After); a failure after it is one `{"error": ...}` event, then the stream ends, and the
+other choices' chats are cancelled. Leaving the stream (a client that
 disconnects) cancels the router calls.
 """
 
@@ -29,6 +30,15 @@ T = TypeVar("T")
 # piece then ends with the error event, and the stream with it)
 MORE, ENDED, FAILED = "more", "ended", "failed"
 Piece = tuple[bytes, str]
+
+
+class _FailedUnsent(Exception):
+    """A choice failed before any of its pieces was sent: the stream's caller may still answer
+    with the error's HTTP status."""
+
+    def __init__(self, error: GatewayError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 async def complete(
@@ -95,12 +105,14 @@ async def stream(
     firsts: list[Event],
     request: ChatCompletionRequest,
     metrics: GatewayMetrics,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The SSE body of a streamed completion whose chats' first router events are `firsts`, in
     pieces that are each one write: a choice's role chunk goes out with its first content, an
     event's chunks together, and the last answer's final chunks with the usage chunk and
     `[DONE]` (the last piece, and the only one ending with DONE), so a short answer costs few
-    writes and wake-ups of the client. With several choices, their pieces go out as they come."""
+    writes and wake-ups of the client. With several choices, their pieces go out as they come.
+    A choice that fails before the first piece raises its GatewayError (nothing was sent:
+    the caller answers with its status)."""
     started = time.perf_counter()
     writer = ChunkWriter(request.model, service_tier=request.service_tier)
     first_content = _FirstContent(metrics, request.model, started)
@@ -115,6 +127,7 @@ async def stream(
     pieces = _interleaved(sources)
     metrics.active_streams.inc()
     running = len(chats)
+    sent = False
     try:
         async for piece, state in pieces:
             if state == FAILED:
@@ -128,7 +141,12 @@ async def stream(
                     yield piece + tail + DONE
                     return
             if piece:
+                sent = True
                 yield piece
+    except _FailedUnsent as e:
+        if not sent:
+            raise e.error from None
+        yield sse(e.error.body())
     finally:
         await pieces.aclose()
         for chat in chats:
@@ -146,6 +164,7 @@ async def _choice(
             {"role": "assistant", "content": ""}, with_usage_field=relay.include_usage
         )
     )
+    sent = False
     try:
         async for event in _events(chat, first):
             events = relay.feed(event)
@@ -159,6 +178,7 @@ async def _choice(
                 yield last, ENDED
                 return
             if events:
+                sent = True
                 yield pending + b"".join(events), MORE
                 pending = b""
         raise GatewayError(502, "the router's stream ended without a final answer")
@@ -166,6 +186,8 @@ async def _choice(
         error = (
             e if isinstance(e, GatewayError) else GatewayError(502, str(e), code="answer_replaced")
         )
+        if not sent:  # nothing of this choice went out: not even its role chunk
+            raise _FailedUnsent(error) from None
         yield pending + sse(error.body()), FAILED
 
 

@@ -144,6 +144,23 @@ def test_bad_request_is_a_400_naming_the_field(
     assert param in error["message"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_conversation_no_tier_holds_is_a_400_streamed_or_not(
+    gateway: GatewayMesh, stream: bool
+) -> None:
+    # the router takes it and routes it; every tier then refuses it for its context, before any
+    # text: a streamed request's status is still that error, not 200 and an error event
+    long = [{"role": "user", "content": "Where is my order? " * 200}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(gateway).chat.completions.create(
+            model="tiermesh-routed", messages=long, stream=stream, max_tokens=8
+        )
+    error = caught.value.body
+    assert caught.value.status_code == 400 and isinstance(error, dict)
+    assert error["code"] == "context_length_exceeded"  # OpenAI's code for it
+    assert "exceeds the largest context of the tiers" in error["message"]
+
+
 @pytest.mark.parametrize(
     ("service_tier", "echoed", "priority"),
     [

@@ -169,3 +169,16 @@ def test_an_unknown_model_is_not_found(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as refused:
         client.responses.create(model="gpt-x", input=INPUT)
     assert refused.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_input_no_tier_holds_is_a_400_streamed_or_not(
+    client: openai.OpenAI, stream: bool
+) -> None:
+    # every tier refuses it for its context after the route, before any text: still a status
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(
+            model="tiermesh-routed", input="Where is my order? " * 200, stream=stream
+        )
+    assert caught.value.status_code == 400
+    assert "exceeds the largest context of the tiers" in str(caught.value)
