@@ -86,7 +86,7 @@ run-smollm2: setup  ## the mesh with SmolLM2-135M-Instruct as the large tier (im
 	$(BIN)/tiermesh run --model large=$(SMOLLM2) --demo-prompt "Do you ship to Canada?"
 
 test: setup  ## the suite CI runs
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 lint: setup  ## ruff, mypy, import contracts, docs links and commands, buf lint + breaking, hadolint
 	$(BIN)/ruff check .
