@@ -31,7 +31,7 @@ from services.tier.factory import create_engine
 log = logging.getLogger(__name__)
 MAX_PATH_CHARS = 4096
 MAX_DRAIN_TIMEOUT_S = 3600.0
-SWAPPABLE_ENGINES = ("torch",)
+SWAPPABLE_ENGINES = ("torch", "vllm")
 
 
 class SwapRefused(TiermeshError):

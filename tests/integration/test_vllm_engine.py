@@ -265,3 +265,55 @@ async def test_bad_input_is_invalid_argument(
         await generate(vllm_tier, **fields)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in (raised.value.details() or "")
+
+
+def linked_copy(folder: Path, to: Path) -> Path:
+    """The model folder under another name (its files linked): a second checkpoint to swap to."""
+    to.mkdir()
+    for file in folder.iterdir():
+        (to / file.name).symlink_to(file.resolve())
+    return to
+
+
+async def test_a_hot_swap_drops_no_stream(
+    vllm_tier: str, smollm2_dir: Path, tmp_path: Path
+) -> None:
+    """The tier loads a second vLLM engine while two streams at a time keep running; every
+    stream ends complete, those started before the switch on the old model and after it on the
+    new, and the old engine is stopped. (Last in the module: the new engine serves after it.)"""
+    new_dir = linked_copy(smollm2_dir, tmp_path / "smollm2-swapped")
+    finished: list[tier_pb2.GenerateChunk] = []
+    swapping = True
+
+    async def keep_streaming(stub: tier_pb2_grpc.TierServiceStub, worker: int) -> None:
+        n = 0
+        while swapping:
+            n += 1
+            fields = {"prompt": STORY, "max_tokens": 48, "request_id": f"swap-{worker}-{n}"}
+            chunks = [chunk async for chunk in stub.Generate(request(**fields))]
+            assert chunks[-1].finish_reason in ("stop", "length"), chunks[-1]
+            finished.append(chunks[-1])
+
+    async with grpc.aio.insecure_channel(vllm_tier) as channel:
+        stub = tier_pb2_grpc.TierServiceStub(channel)
+        admin = tier_pb2_grpc.TierAdminServiceStub(channel)
+        before = await stub.GetStatus(tier_pb2.GetStatusRequest())
+        reference = ids_of([chunk async for chunk in stub.Generate(request())])
+        workers = [asyncio.create_task(keep_streaming(stub, w)) for w in range(2)]
+        try:
+            swap = admin.SwapModel(tier_pb2.SwapModelRequest(model_path=str(new_dir)))
+            phases = [response.swap async for response in swap]
+        finally:
+            swapping = False
+            await asyncio.gather(*workers)  # a failed stream fails the test here
+        after = await stub.GetStatus(tier_pb2.GetStatusRequest())
+        answer = [chunk async for chunk in stub.Generate(request())]
+
+    assert [p.phase for p in phases] == ["loading", "switched", "done"]
+    done = phases[-1]
+    assert done.streams_cut == 0 and done.streams_on_old >= 1  # both slots were busy
+    assert (done.old_model_id, done.new_model_id) == (before.model_id, after.model_id)
+    assert after.model_id == "large/smollm2-swapped" and after.last_swap == done
+    assert {c.model for c in finished} == {before.model_id, after.model_id}
+    assert answer[-1].model == after.model_id
+    assert ids_of(answer) == reference  # the same weights, greedy
