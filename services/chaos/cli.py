@@ -2,7 +2,7 @@
 every answer checked for lost or duplicated tokens (see README.md in this folder).
 
 tiermesh chaos [--faults kill-tier,hang-tier,...] [--duration S] [--replicas small=2] [--mesh]
-               [--engine model|echo] [--json]
+               [--engine model|echo|TIER=vllm|TIER=openai] [--json]
 """
 
 from __future__ import annotations
@@ -33,9 +33,13 @@ from services.launcher.run_options import (
     TIER_NICE,
     add_connection_limit_flags,
     connection_limit_flags,
+    engine_option,
     model_overrides,
     nice_level,
+    remote_models,
     replica_counts,
+    tier_engines,
+    vllm_tiers,
 )
 
 DEFAULT_FAULTS = "kill-tier,hang-tier,overload,poison,slow-reader"
@@ -79,10 +83,13 @@ def register(commands: Any) -> None:
     )
     chaos.add_argument(
         "--engine",
-        choices=("model", "echo"),
-        default="model",
-        help="model: the tiers' configured models; echo: no model, a deterministic answer at "
-        "--echo-ttft-ms and --echo-tokens-per-s (long runs)",
+        action="append",
+        type=engine_option,
+        default=[],
+        metavar="model|echo|TIER=vllm|TIER=openai",
+        help="model: the tiers' configured models (default); echo: no model, a deterministic "
+        "answer at --echo-ttft-ms and --echo-tokens-per-s (long runs); TIER=vllm: that tier on "
+        "vLLM (its --model TIER=DIR); TIER=openai: that tier is the server --model TIER=URL names",
     )
     chaos.add_argument("--echo-ttft-ms", type=float, default=10.0)
     chaos.add_argument("--echo-tokens-per-s", type=float, default=100.0)
@@ -137,7 +144,8 @@ def options_from(args: argparse.Namespace) -> ChaosOptions:
             "--slow-connections must be >= 1, --slow-processes in [1, 64], --slow-reopen >= 0"
         )
     echo = None
-    if args.engine == "echo":
+    every_tier, remote_tiers = tier_engines(args.engine)
+    if every_tier == "echo":
         echo = EchoSettings(ttft_ms=args.echo_ttft_ms, tokens_per_s=args.echo_tokens_per_s)
     return ChaosOptions(
         faults=parse_faults(args.faults),
@@ -156,7 +164,9 @@ def options_from(args: argparse.Namespace) -> ChaosOptions:
         tier_nice=args.tier_nice,
         mesh=args.mesh,
         echo=echo,
-        models=model_overrides(args.model),
+        models=model_overrides(args.model, remote=True),
+        remotes=remote_models(args.model, remote_tiers),
+        vllm=vllm_tiers(args.engine),
         device=args.device,
         base_port=args.base_port,
         run_dir=args.run_dir or Path(env.run_dir()) / "chaos",

@@ -88,6 +88,8 @@ class ChaosOptions:
     mesh: bool = False
     echo: EchoSettings | None = None
     models: dict[str, Path] = field(default_factory=dict)
+    remotes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # TIER=openai: its URLs
+    vllm: frozenset[str] = frozenset()  # the tiers on vLLM
     device: str | None = None
     base_port: int | None = None
     run_dir: Path = Path(".tiermesh/chaos")
@@ -110,6 +112,8 @@ def chaos_mesh(options: ChaosOptions, console: Console) -> Iterator[list[Child]]
             echo=options.echo,
             tier_nice=options.tier_nice,
             limits=options.limits,
+            remotes=options.remotes,
+            vllm=options.vllm,
         )
     except (TiermeshError, OSError) as e:  # ConfigError: a missing model, --mesh with replicas
         raise ChaosError(str(e)) from None
@@ -241,6 +245,11 @@ def run_json(
         "scenario": scenario.to_json(),
         "mode": options.mode,
         "engine": "echo" if options.echo is not None else "model",
+        # the tiers on another engine than `engine`: {"large": "vllm", ...}
+        "tier_engines": {
+            **{tier: "vllm" for tier in sorted(options.vllm)},
+            **{tier: "openai" for tier in sorted(options.remotes)},
+        },
         "replicas": options.replicas or {},
         "tier_nice": options.tier_nice,
         "mesh": options.mesh,
