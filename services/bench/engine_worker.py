@@ -43,7 +43,7 @@ def engine_config(job: dict[str, Any]) -> TierConfig:
         max_tokens=int(job["max_tokens"]),
         max_prompt_tokens=int(job["max_prompt_tokens"]),
         torch_threads=int(job["threads"]),
-        compute_nice=0,
+        compute_nice=int(job.get("compute_nice", 0)),
         max_model_len=int(job["max_model_len"]),
         cpu_kvcache_space_gib=float(job["kv_cache_gib"]),
     )
