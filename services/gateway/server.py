@@ -32,9 +32,8 @@ from services.common.http_listener import tcp_listener
 from services.common.parent_watch import stop_with_parent
 from services.common.telemetry import setup_telemetry
 from services.gateway.app import create_app
+from services.gateway.connection_guard import ConnectionGuard, ConnectionLimits
 from services.gateway.connections import (
-    ConnectionGuard,
-    ConnectionLimits,
     ConnectionMetrics,
     GuardedHttpProtocol,
     guarded_listener,

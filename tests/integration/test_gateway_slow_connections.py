@@ -17,7 +17,7 @@ import pytest
 from services.chaos.slow_connections import attack, hold_connections
 from services.common.config import GatewayConfig, build_config
 from services.common.descriptors import open_descriptors
-from services.gateway.connections import (
+from services.gateway.connection_guard import (
     BODY_TIMEOUT,
     HEADER_TIMEOUT,
     HEADERS_TOO_LARGE,

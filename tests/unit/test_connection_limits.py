@@ -21,7 +21,7 @@ from services.common.descriptors import (
 )
 from services.common.errors import ConfigError
 from services.common.grpc_service import ServerLimits
-from services.gateway.connections import (
+from services.gateway.connection_guard import (
     MADE_ROOM,
     MIN_IDLE_S,
     MIN_KEPT_IDLE_S,
