@@ -36,6 +36,7 @@ from tiermesh.v1 import router_pb2, tier_pb2
 from services.common.errors import PROMPT_TOO_LONG
 from services.router.chat_events import RefinementSettled, TierCallOpening
 from services.router.chat_plan import ChatPlan, SessionClock, tier_request_id
+from services.router.failover_target import failover_target, who
 from services.router.progressive_verdicts import (
     escalates_to,
     refined,
@@ -55,7 +56,6 @@ from services.router.session_actions import (
     StopTimer,
 )
 from services.router.session_calls import (
-    FAILOVER_CODES,
     CallState,
     TierError,
     describe,
@@ -254,31 +254,18 @@ class SessionCore:
         """Where a failed call's revision goes on: another replica, the next tier, or nowhere."""
         if error.reason == PROMPT_TOO_LONG and not s.started:
             return self._past_short_context(s, call, error, now)
-        # a replica of another model refuses a continuation: that moves on too
-        if error.code not in FAILOVER_CODES and not (
-            s.continuing and error.code == "FAILED_PRECONDITION"
-        ):
+        target = failover_target(
+            call, error, s.continuing, self.calls, self.plan.fallbacks, self._replicas, room
+        )
+        if target is None:
             return self._give_up(s, now)
-        if error.code != "RESOURCE_EXHAUSTED":
-            room = None
-        if self._untried(call.tier) and (room is None or call.tier in room):
-            after, where = call.tier, f"another {call.tier} replica"
-        else:
-            called = {c.tier for c in self.calls}
-            left = [
-                tier
-                for tier in self.plan.fallbacks
-                if tier not in called and (room is None or tier in room)
-            ]
-            if not left:
-                return self._give_up(s, now)
-            after = where = left[0]
-        who = f"{self._who(call)} failed"
+        after, where = target.tier, target.where
+        failed = f"{who(call, self._replicas)} failed"
         timeout_s = self._deadlines.refine_s(now) if s.refine_clock else self._deadlines.call_s(now)
         out: list[Action] = []
         if s.started and after == call.tier:  # same revision, on another replica
             s.notes.append(
-                f"{who} after {len(call.text)} characters ({describe(error)}); "
+                f"{failed} after {len(call.text)} characters ({describe(error)}); "
                 f"{where} continued revision {s.revision}"
             )
             s.call = self._open(out, after, timeout_s, broken=call)
@@ -287,12 +274,14 @@ class SessionCore:
         out += s.broken_end()
         if s.started:
             s.notes.append(
-                f"{who} after {len(call.text)} characters ({describe(error)}); "
+                f"{failed} after {len(call.text)} characters ({describe(error)}); "
                 f"{where} went on as revision {s.revision + 1}"
             )
             s.previous, s.revision, s.started = call.text, s.revision + 1, False
         elif after == call.tier or s.retry_first:
-            s.notes.append(f"{who} before its first token ({describe(error)}); retried on {where}")
+            s.notes.append(
+                f"{failed} before its first token ({describe(error)}); retried on {where}"
+            )
             s.retry_first = s.retry_first and after == call.tier
         else:
             return out + self._stream_over(now)
@@ -318,17 +307,6 @@ class SessionCore:
         out: list[Action] = []
         s.call = self._open(out, left[0], timeout_s)
         return [*out, ReadCall(s.call.id)]
-
-    def _untried(self, tier: str) -> bool:
-        """Whether a replica of `tier` has not had a call of this chat yet."""
-        tried = {c.endpoint for c in self.calls if c.tier == tier}
-        return self._replicas.get(tier, 1) > len(tried)
-
-    def _who(self, call: CallState) -> str:
-        """The call's tier, and its replica when the tier has several."""
-        if self._replicas.get(call.tier, 1) > 1:
-            return f"{call.tier} ({call.endpoint})"
-        return call.tier
 
     # -- how a chat ends ---------------------------------------------------------------------------
 
