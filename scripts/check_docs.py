@@ -18,33 +18,25 @@ itself, `services.cli.main.build_parser()`; argparse's errors become failures wi
   ...; a `text` or `python` block is not read), and inline code spans outside code blocks (a
   span may wrap lines; `\\|` inside a table is `|`). In code, a line ending in `\\` is joined
   with the next one, and a leading `$ ` prompt and `# comments` are dropped.
-- `;`, `|`, `||`, `&&` and `&` split a line into commands, redirections (`> file`, `2>&1`) are
-  dropped, and only commands whose program is `tiermesh` (or a path ending in `/tiermesh`, after
-  any `NAME=value` assignments) are checked. A bare `tiermesh` is the program's name, not a
-  command line, and is skipped.
-- Placeholders: a value with an upper-case word in it (`PROMPT`, `DIR`, `small=PATH`,
-  `127.0.0.1:PORT`, `$KEY`) or a `<...>` part passes any type and choices check; it still fills
-  its argument, so a command without a required argument fails (write `tiermesh chat PROMPT`).
-- Synopses: a line with `[`, `]`, `...` or `…`, or a sub-command written as alternatives
-  (`train|eval`), is a synopsis, not a command: its sub-command words (each alternative) must
-  exist and every `--option` it names must be an option of that sub-command; nothing else is
-  checked. So is a line with a placeholder where a sub-command goes (`tiermesh COMMAND --help`).
-- `--help` and `-h` parse (the help is printed nowhere).
+- How a line splits into commands, and what passes as a placeholder or a synopsis:
+  tiermesh_commands.py.
+
+This module reads the markdown and the tree; tiermesh_commands.py knows the CLI.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import re
 import shlex
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
 from urllib.parse import unquote
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tiermesh_commands.py, beside it
+from tiermesh_commands import build_cli_parser, check_command, tiermesh_commands
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,13 +47,7 @@ _LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^()\s<>]+)>?(?:\s+\
 _REFERENCE = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)")
 _HTML_ID = re.compile(r"""<[a-zA-Z][^>]*\s(?:id|name)=["']([^"']+)["']""")
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:|^//")
-_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_PLACEHOLDER = re.compile(r"<[^<>]*>|(?<![A-Za-z0-9_])[A-Z][A-Z0-9_]*(?![A-Za-z0-9_])")
-_OPTION = re.compile(r"^--?[A-Za-z][\w-]*")
-_SEPARATORS = frozenset({";", "|", "||", "&&", "&"})
 _SHELL_LANGUAGES = frozenset({"", "sh", "bash", "shell", "console", "zsh", "shell-session"})
-_REDIRECT = re.compile(r"^\d*(>>?|<)(&\d+)?$")
-_ATTACHED_REDIRECT = re.compile(r"^\d*>>?[^>\s]")
 
 
 @dataclass(frozen=True)
@@ -208,174 +194,6 @@ def check_links(path: Path, root: Path = ROOT) -> Report:
     return report
 
 
-class _ParseFailure(Exception):
-    """argparse reported an error (instead of exiting)."""
-
-
-class _Exited(Exception):
-    """argparse asked to exit without an error (after --help)."""
-
-
-class _Placeholder(str):
-    """A value written as a placeholder (`PATH`, `<dir>`): it passes types and choices."""
-
-
-def is_placeholder(token: str) -> bool:
-    """Whether a value is a placeholder rather than a literal value."""
-    return _PLACEHOLDER.search(token) is not None
-
-
-def _placeholder_type(convert: Callable[[str], Any]) -> Callable[[str], Any]:
-    def accept(value: str) -> Any:
-        return _Placeholder(value) if is_placeholder(value) else convert(value)
-
-    accept.__name__ = getattr(convert, "__name__", "value")  # argparse names it in errors
-    return accept
-
-
-def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction[Any] | None:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action
-    return None
-
-
-def _prepare(parser: argparse.ArgumentParser) -> None:
-    """Make one parser (and its sub-parsers) report instead of exit, and accept placeholders."""
-
-    def error(message: str) -> NoReturn:
-        raise _ParseFailure(f"{parser.prog}: {message}")
-
-    def leave(status: int = 0, message: str | None = None) -> NoReturn:
-        if status:
-            raise _ParseFailure(f"{parser.prog}: {message or 'exit ' + str(status)}")
-        raise _Exited
-
-    check_value = parser._check_value
-
-    def check(action: argparse.Action, value: Any) -> None:
-        if not isinstance(value, _Placeholder):
-            check_value(action, value)
-
-    parser.error = error  # type: ignore[method-assign]
-    parser.exit = leave  # type: ignore[method-assign]
-    parser._check_value = check  # type: ignore[method-assign]
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for child in action.choices.values():
-                _prepare(child)
-        elif action.nargs != 0:
-            convert = parser._registry_get("type", action.type, action.type)
-            if callable(convert):
-                action.type = _placeholder_type(convert)
-
-
-def build_cli_parser() -> argparse.ArgumentParser:
-    """The `tiermesh` command's parser, made to report errors instead of exiting."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from services.cli.main import build_parser
-
-    parser = build_parser()
-    _prepare(parser)
-    return parser
-
-
-def _commands(tokens: list[str]) -> Iterator[list[str]]:
-    """The `tiermesh` commands of one shell line's tokens: their arguments, program dropped."""
-    segments: list[list[str]] = [[]]
-    skip_next = False
-    for token in tokens:
-        if skip_next:
-            skip_next = False
-            continue
-        if token in _SEPARATORS:
-            segments.append([])
-            continue
-        if _REDIRECT.match(token):
-            skip_next = not token.endswith(("&1", "&2"))
-            continue
-        if _ATTACHED_REDIRECT.match(token):
-            continue
-        if token.endswith(";") and len(token) > 1:
-            segments[-1].append(token[:-1])
-            segments.append([])
-            continue
-        segments[-1].append(token)
-    for segment in segments:
-        words = list(segment)
-        while words and _ASSIGNMENT.match(words[0]):
-            words.pop(0)
-        if len(words) > 1 and (words[0] == "tiermesh" or words[0].endswith("/tiermesh")):
-            yield words[1:]
-
-
-def _is_synopsis(args: Sequence[str]) -> bool:
-    for token in args:
-        if any(mark in token for mark in ("[", "]", "...", "…")):
-            return True
-        if not token.startswith("-") and re.fullmatch(r"[\w.-]+(\|[\w.-]+)+", token):
-            return True
-    return False
-
-
-def _check_synopsis(parser: argparse.ArgumentParser, args: Sequence[str]) -> str | None:
-    """A synopsis' sub-commands exist and it names only options they have."""
-    current = [parser]
-    tokens = list(args)
-    while tokens:
-        subs = _subparsers(current[0]) if len(current) == 1 else None
-        word = tokens[0]
-        if subs is None or word.startswith(("-", "[", "(")) or word in ("...", "…"):
-            break
-        alternatives = word.split("|")
-        unknown = [alt for alt in alternatives if alt not in subs.choices]
-        if unknown:
-            known = len(unknown) < len(alternatives)  # alternatives of which some exist
-            if is_placeholder(word) or not (subs.required or known):
-                break
-            choices = ", ".join(subs.choices)
-            return f"{current[0].prog}: unknown sub-command {unknown[0]!r} (choose from {choices})"
-        current = [subs.choices[alt] for alt in alternatives]
-        tokens.pop(0)
-    for token in tokens:
-        option = _OPTION.match(token.lstrip("[("))
-        if option is None:
-            continue
-        name = option.group(0)
-        if not any(name in p._option_string_actions for p in current):
-            progs = " / ".join(p.prog for p in current)
-            return f"{progs}: unknown option {name}"
-    return None
-
-
-def _placeholder_command(parser: argparse.ArgumentParser, args: Sequence[str]) -> bool:
-    """Whether a placeholder stands where a sub-command goes (`tiermesh COMMAND --help`)."""
-    current = parser
-    for word in args:
-        subs = _subparsers(current)
-        if subs is None or word.startswith("-"):
-            return False
-        if word not in subs.choices:
-            return is_placeholder(word)
-        current = subs.choices[word]
-    return False
-
-
-def check_command(parser: argparse.ArgumentParser, args: Sequence[str]) -> str | None:
-    """None when `tiermesh ARGS` parses (or, for a synopsis, names what exists), else why not."""
-    if _is_synopsis(args) or _placeholder_command(parser, args):
-        return _check_synopsis(parser, args)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            parser.parse_args(list(args))
-    except _ParseFailure as failure:
-        return str(failure)
-    except _Exited:
-        return None
-    return None
-
-
 def _command_lines(doc: _Markdown) -> Iterator[tuple[int, str]]:
     """(line, shell text) of every candidate command: code lines and inline code spans."""
     pending: list[str] = []
@@ -415,7 +233,7 @@ def check_commands(path: Path, parser: argparse.ArgumentParser, root: Path = ROO
             report.commands += 1
             report.failures.append(Failure(name, line, f"cannot split {shell!r}: {e}"))
             continue
-        for args in _commands(tokens):
+        for args in tiermesh_commands(tokens):
             report.commands += 1
             problem = check_command(parser, args)
             if problem is not None:
