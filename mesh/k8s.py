@@ -1,15 +1,12 @@
 """Kubernetes manifests for the whole mesh from one topology: per tier cluster (model version) a
 Deployment and a headless Service, per tier a ClusterIP Service, the router and the control plane
-(with the topology in a ConfigMap), all with native `grpc:` startup, readiness and liveness
-probes, requests and limits (and `nvidia.com/gpu` where the topology asks), a non-root
-read-only securityContext with an emptyDir for /tmp, a Service port named `grpc` and a
-`metrics` port with Prometheus scrape annotations; per tier Deployment a PodDisruptionBudget and
-a HorizontalPodAutoscaler (k8s_policies.py); tiers given a config on vLLM (their own image, GPUs,
-/dev/shm, the model's volume) or on a remote server (no pod: an adapter in the router's pod),
-k8s_engines.py; and the HTTP gateway (OpenAI API and chat page)
-with `httpGet /health` probes and a Service port named `http`; NetworkPolicies that let only
-the router reach the tiers and the control plane. Labels are the recommended
-`app.kubernetes.io/*` set; selectors use only the stable ones.
+(with the topology in a ConfigMap), each built from the hardened container, Deployment and Service
+of k8s_objects.py (grpc probes, requests and limits, non-root, a `metrics` port); per tier
+Deployment a PodDisruptionBudget and a HorizontalPodAutoscaler (k8s_policies.py); tiers given a
+config on vLLM (their own image, GPUs, /dev/shm, the model's volume) or on a remote server (no
+pod: an adapter in the router's pod), k8s_engines.py; and the HTTP gateway (OpenAI API and chat
+page) with `httpGet /health` probes and a Service port named `http`; NetworkPolicies that let
+only the router reach the tiers and the control plane.
 
 Plaintext by default: services bind 0.0.0.0 without TLS, so they are started with `--insecure`
 (said out loud). With `secure=True` (`tiermesh mesh k8s --secure`) every service speaks TLS with
@@ -38,47 +35,30 @@ from mesh.k8s_engines import (
     tier_engines,
     vllm_tier,
 )
+from mesh.k8s_objects import (
+    APP,
+    METRICS_PORT,
+    PROBE_PERIOD_S,
+    STARTUP_BUDGET_S,
+    container_for,
+    deployment_for,
+    metadata_labels,
+    selector_labels,
+    service_for,
+    service_host,
+)
 from mesh.k8s_policies import autoscaler, disruption_budget, network_policies
 from mesh.k8s_policies import service_monitor as service_monitor_object
 from mesh.k8s_tls import mounted_tls, secret_commands, secure_container
 from mesh.topology import Cluster, Endpoint, Resources, Topology, dump_yaml, xds_target
 
-APP = "tiermesh"
-VERSION = "0.1.0"
 TOPOLOGY_MOUNT = "/etc/tiermesh"
-RUN_AS_USER = 10001
-METRICS_PORT = 9464
-# How long a service may take from container start to SERVING before Kubernetes restarts it,
-# in probe periods of 5 s. A tier loads its model first: the built-in ones took 9-12 s here
-# (`tiermesh run` prints each service's start-up time), a 135M-parameter model ~30 s; five
-# minutes leave room for a larger model on a slow node. The rest start in a few seconds.
-PROBE_PERIOD_S = 5
-STARTUP_BUDGET_S = {"tier": 300, "router": 60, "control-plane": 60, "gateway": 60}
 GATEWAY_PORT = 8080
 GATEWAY_RESOURCES = Resources("500m", "256Mi")
 
 
 def _port(address: str) -> int:
     return int(address.rpartition(":")[2])
-
-
-def _labels(component: str, **extra: str) -> dict[str, str]:
-    """The selector labels of a component: stable across versions (selectors are immutable)."""
-    return {"app.kubernetes.io/name": APP, "app.kubernetes.io/component": component, **extra}
-
-
-def _metadata_labels(selector: dict[str, str]) -> dict[str, str]:
-    """Selector labels plus the rest of the recommended set, for objects' metadata."""
-    return {
-        **selector,
-        "app.kubernetes.io/part-of": APP,
-        "app.kubernetes.io/version": VERSION,
-        "app.kubernetes.io/managed-by": "tiermesh-mesh-k8s",
-    }
-
-
-def _service_host(name: str, namespace: str) -> str:
-    return f"{name}.{namespace}.svc.cluster.local"
 
 
 def cluster_topology(topology: Topology) -> Topology:
@@ -93,112 +73,15 @@ def cluster_topology(topology: Topology) -> Topology:
             locality = (
                 cluster.endpoints[0].locality if cluster.endpoints else Endpoint("", 0).locality
             )
-            host = _service_host(f"tier-{cluster.name}", namespace)
+            host = service_host(f"tier-{cluster.name}", namespace)
             clusters.append(replace(cluster, endpoints=(Endpoint(host, port, locality),)))
         tiers.append(replace(tier, clusters=tuple(clusters)))
     control_port = _port(topology.control_plane)
     return replace(
         topology,
         tiers=tuple(tiers),
-        control_plane=f"{_service_host('tiermesh-control-plane', namespace)}:{control_port}",
+        control_plane=f"{service_host('tiermesh-control-plane', namespace)}:{control_port}",
     )
-
-
-def _container(
-    name: str, command: list[str], port: int, topology: Topology, service: str
-) -> dict[str, Any]:
-    resources = topology.kubernetes.resources_for(service)
-    probe = {"grpc": {"port": port}, "periodSeconds": PROBE_PERIOD_S}
-    kind = "tier" if service not in STARTUP_BUDGET_S else service
-    amounts = {"cpu": resources.cpu, "memory": resources.memory}
-    if resources.gpu:
-        amounts["nvidia.com/gpu"] = str(resources.gpu)
-    return {
-        "name": name,
-        "image": topology.kubernetes.image,
-        "command": command,
-        "ports": [
-            {"name": "grpc", "containerPort": port, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
-        ],
-        "startupProbe": {**probe, "failureThreshold": STARTUP_BUDGET_S[kind] // PROBE_PERIOD_S},
-        "readinessProbe": probe,
-        "livenessProbe": {**probe, "failureThreshold": 6},
-        "resources": {"requests": amounts, "limits": dict(amounts)},
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS_USER,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
-    }
-
-
-def _deployment(
-    name: str, labels: dict[str, str], replicas: int, container: dict[str, Any], **pod: Any
-) -> dict[str, Any]:
-    """`labels` are the selector labels; `pod` adds to the pod spec (volumes are appended to the
-    /tmp emptyDir every pod has)."""
-    volumes = [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}, *pod.pop("volumes", [])]
-    annotations = {}
-    if any(p["name"] == "metrics" for p in container["ports"]):
-        annotations = {
-            "prometheus.io/scrape": "true",
-            "prometheus.io/port": str(METRICS_PORT),
-            "prometheus.io/path": "/metrics",
-        }
-    if "nvidia.com/gpu" in container["resources"]["limits"]:
-        pod.setdefault("tolerations", []).append(
-            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-        )
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "labels": _metadata_labels(labels)},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": _metadata_labels(labels), "annotations": annotations},
-                "spec": {
-                    "automountServiceAccountToken": False,
-                    "volumes": volumes,
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": RUN_AS_USER,
-                        "fsGroup": RUN_AS_USER,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "terminationGracePeriodSeconds": 15,
-                    "containers": [container],
-                    **pod,
-                },
-            },
-        },
-    }
-
-
-def _service(
-    name: str, selector: dict[str, str], port: int, headless: bool = False
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "selector": selector,
-        "ports": [
-            {"name": "grpc", "port": port, "targetPort": "grpc", "protocol": "TCP"},
-            {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
-        ],
-    }
-    if headless:
-        spec["clusterIP"] = "None"
-        spec["publishNotReadyAddresses"] = False
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "labels": _metadata_labels(selector)},
-        "spec": spec,
-    }
 
 
 def _tier_objects(
@@ -209,7 +92,9 @@ def _tier_objects(
     engine: TierEngine | None = None,
 ) -> list[dict[str, Any]]:
     port = cluster.endpoints[0].port if cluster.endpoints else 50061
-    labels = _labels("tier", **{"tiermesh/tier": tier_name, "tiermesh/cluster": cluster.name})
+    labels = selector_labels(
+        "tier", **{"tiermesh/tier": tier_name, "tiermesh/cluster": cluster.name}
+    )
     command = [
         "python",
         "-m",
@@ -222,19 +107,19 @@ def _tier_objects(
         str(METRICS_PORT),
         *_plaintext_flag(secure),
     ]
-    container = _container(tier_name, command, port, topology, tier_name)
+    container = container_for(tier_name, command, port, topology, tier_name)
     extra: list[dict[str, Any]] = []
     volumes: list[dict[str, Any]] = []
     if engine is not None:  # on vLLM (a remote tier has no pod)
         volumes, config_map = vllm_tier(
-            engine, topology, container, PROBE_PERIOD_S, _metadata_labels(labels)
+            engine, topology, container, PROBE_PERIOD_S, metadata_labels(labels)
         )
         extra.append(config_map)
     if secure:
         volumes += secure_container(container, f"tier/{tier_name}", "tier")
     name = f"tier-{cluster.name}"
     replicas = max(1, len(cluster.endpoints))
-    deployment = _deployment(name, labels, replicas, container, volumes=volumes)
+    deployment = deployment_for(name, labels, replicas, container, volumes=volumes)
     if engine is not None:
         for volume in deployment["spec"]["template"]["spec"]["volumes"]:
             if volume["name"] == "tmp":
@@ -242,9 +127,9 @@ def _tier_objects(
     return [
         *extra,
         deployment,
-        _service(name, labels, port, headless=True),
-        disruption_budget(name, labels, _metadata_labels(labels)),
-        autoscaler(name, replicas, _metadata_labels(labels)),
+        service_for(name, labels, port, headless=True),
+        disruption_budget(name, labels, metadata_labels(labels)),
+        autoscaler(name, replicas, metadata_labels(labels)),
     ]
 
 
@@ -280,7 +165,7 @@ def manifests(
             "kind": "ConfigMap",
             "metadata": {
                 "name": "tiermesh-topology",
-                "labels": _metadata_labels(_labels("control-plane")),
+                "labels": metadata_labels(selector_labels("control-plane")),
             },
             "data": {"topology.yaml": dump_yaml(in_cluster)},
         },
@@ -290,15 +175,19 @@ def manifests(
             objects += _tier_objects(tier.name, cluster, topology, secure, engines.get(tier.name))
         port = tier.clusters[0].endpoints[0].port if tier.clusters[0].endpoints else 50061
         objects.append(
-            _service(f"tier-{tier.name}", _labels("tier", **{"tiermesh/tier": tier.name}), port)
+            service_for(
+                f"tier-{tier.name}", selector_labels("tier", **{"tiermesh/tier": tier.name}), port
+            )
         )
 
-    control_labels = _labels("control-plane")
+    control_labels = selector_labels("control-plane")
     control_command = [
         "python", "-m", "mesh", "serve", "--topology", f"{TOPOLOGY_MOUNT}/topology.yaml",
         "--host", "0.0.0.0", "--port", str(control_port), *_plaintext_flag(secure),
     ]  # fmt: skip
-    control = _container("control-plane", control_command, control_port, topology, "control-plane")
+    control = container_for(
+        "control-plane", control_command, control_port, topology, "control-plane"
+    )
     control["ports"] = control["ports"][:1]  # the control plane exports no metrics
     control["volumeMounts"].append(
         {"name": "topology", "mountPath": TOPOLOGY_MOUNT, "readOnly": True}
@@ -307,13 +196,13 @@ def manifests(
     if secure:
         volumes += secure_container(control, "control-plane", "control-plane")
     objects.append(
-        _deployment("tiermesh-control-plane", control_labels, 1, control, volumes=volumes)
+        deployment_for("tiermesh-control-plane", control_labels, 1, control, volumes=volumes)
     )
-    control_service = _service("tiermesh-control-plane", control_labels, control_port)
+    control_service = service_for("tiermesh-control-plane", control_labels, control_port)
     control_service["spec"]["ports"] = control_service["spec"]["ports"][:1]
     objects.append(control_service)
 
-    router_labels = _labels("router")
+    router_labels = selector_labels("router")
     ports = remote_ports(topology, remote, {router_port: "the router", METRICS_PORT: "metrics"})
     targets = {t.name: f"localhost:{ports[t.name]}" if t.name in remote else xds_target(t.name)
                for t in topology.tiers}  # fmt: skip
@@ -331,7 +220,7 @@ def manifests(
         *tiers,
         *_plaintext_flag(secure),
     ]
-    router = _container("router", router_command, router_port, topology, "router")
+    router = container_for("router", router_command, router_port, topology, "router")
     xds_tls = mounted_tls() if secure else None
     bootstrap = grpc_bootstrap(in_cluster.control_plane, "$(POD_NAME)", tls=xds_tls)
     router["env"] = [
@@ -341,24 +230,24 @@ def manifests(
     router_volumes = secure_container(router, "router", "router") if secure else []
     adapters = []
     for name, engine in remote.items():
-        base = _container(f"tier-{name}", [], ports[name], topology, "router")
+        base = container_for(f"tier-{name}", [], ports[name], topology, "router")
         adapter, volumes, config_map = remote_tier(
-            engine, ports[name], base, _metadata_labels(router_labels)
+            engine, ports[name], base, metadata_labels(router_labels)
         )
         router_volumes += volumes
         if secure:
             router_volumes += secure_adapter(adapter, name)
         adapters.append(adapter)
         objects.append(config_map)
-    deployment = _deployment("tiermesh-router", router_labels, 1, router, volumes=router_volumes)
+    deployment = deployment_for("tiermesh-router", router_labels, 1, router, volumes=router_volumes)
     deployment["spec"]["template"]["spec"]["containers"] += adapters
     objects.append(deployment)
-    objects.append(_service("tiermesh-router", router_labels, router_port))
-    router_host = _service_host("tiermesh-router", namespace)
+    objects.append(service_for("tiermesh-router", router_labels, router_port))
+    router_host = service_host("tiermesh-router", namespace)
     objects += _gateway_objects(topology, router_host, router_port, secure, cors_origins)
-    objects += network_policies(APP, _metadata_labels(_labels("network")))
+    objects += network_policies(APP, metadata_labels(selector_labels("network")))
     if service_monitor:
-        objects.append(service_monitor_object(APP, _metadata_labels(_labels("monitoring"))))
+        objects.append(service_monitor_object(APP, metadata_labels(selector_labels("monitoring"))))
     for item in objects[1:]:
         item["metadata"]["namespace"] = namespace
     return objects
@@ -374,13 +263,13 @@ def _gateway_objects(
     """The HTTP gateway's Deployment and Service: an HTTP port and a `/health` readiness probe
     (ready while the router answers and some tier behind it can take a call), calling the
     router's Service over gRPC."""
-    labels = _labels("gateway")
+    labels = selector_labels("gateway")
     command = [
         "python", "-m", "services.gateway", "--host", "0.0.0.0", "--port", str(GATEWAY_PORT),
         "--router", f"{router_host}:{router_port}",
         *(arg for origin in cors_origins for arg in ("--cors-origin", origin)),
     ]  # fmt: skip
-    container = _container("gateway", command, GATEWAY_PORT, topology, "gateway")
+    container = container_for("gateway", command, GATEWAY_PORT, topology, "gateway")
     container["ports"] = [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}]
     probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": PROBE_PERIOD_S}
     container["startupProbe"] = {
@@ -398,13 +287,13 @@ def _gateway_objects(
         limits = {"cpu": GATEWAY_RESOURCES.cpu, "memory": GATEWAY_RESOURCES.memory}
         container["resources"] = {"requests": limits, "limits": dict(limits)}
     volumes = secure_container(container, "gateway", "gateway") if secure else []
-    deployment = _deployment("tiermesh-gateway", labels, 1, container, volumes=volumes)
+    deployment = deployment_for("tiermesh-gateway", labels, 1, container, volumes=volumes)
     deployment["spec"]["template"]["metadata"]["annotations"] = {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(GATEWAY_PORT),
         "prometheus.io/path": "/metrics",
     }
-    service = _service("tiermesh-gateway", labels, GATEWAY_PORT)
+    service = service_for("tiermesh-gateway", labels, GATEWAY_PORT)
     service["spec"]["ports"] = [
         {"name": "http", "port": GATEWAY_PORT, "targetPort": "http", "protocol": "TCP"}
     ]

@@ -18,7 +18,8 @@ import yaml
 from cryptography import x509
 
 from mesh.bootstrap import BOOTSTRAP_CONFIG_ENV, bootstrap_problems
-from mesh.k8s import METRICS_PORT, cluster_topology, manifests, manifests_yaml
+from mesh.k8s import cluster_topology, manifests, manifests_yaml
+from mesh.k8s_objects import METRICS_PORT
 from mesh.k8s_tls import (
     CA_SECRET,
     KEYS_MOUNT,
