@@ -146,24 +146,37 @@ def cmd_engines(args: argparse.Namespace, model: Path, console: Console) -> int:
     return 0
 
 
+ENGINE_COLUMNS = ("engine", "streams", "tokens/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT ms")
+
+
+def _engine_table(title: str, more: tuple[str, ...]) -> Table:
+    """A table of engine rows: ENGINE_COLUMNS, then `more`."""
+    table = Table(title=title)
+    for column in (*ENGINE_COLUMNS, *more):
+        table.add_column(column, justify="right" if column != "engine" else "left")
+    return table
+
+
+def _engine_cells(row: dict[str, Any]) -> list[str]:
+    """A row's cells of ENGINE_COLUMNS."""
+    return [
+        row["engine"],
+        str(row["concurrency"]),
+        f"{row['tokens_per_s']:.0f}",
+        f"{row['ttft_ms_p50']:.1f}",
+        f"{row['ttft_ms_p99']:.1f}",
+        f"{row['tpot_ms']:.2f}",
+    ]
+
+
 def print_engines_report(report: dict[str, Any], console: Console) -> None:
     """The side-by-side table: one row per engine and level, then the target ratios."""
-    table = Table(title=f"engines side by side: {report['model']} ({report['params'] / 1e6:.1f}M)")
-    columns = ("engine", "streams", "tokens/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT ms")
-    for column in (*columns, "= generate", "RSS MB"):
-        table.add_column(column, justify="right" if column != "engine" else "left")
+    title = f"engines side by side: {report['model']} ({report['params'] / 1e6:.1f}M)"
+    table = _engine_table(title, ("= generate", "RSS MB"))
     for row in report["rows"]:
         rss = row["rss_mb"]
-        table.add_row(
-            row["engine"],
-            str(row["concurrency"]),
-            f"{row['tokens_per_s']:.0f}",
-            f"{row['ttft_ms_p50']:.1f}",
-            f"{row['ttft_ms_p99']:.1f}",
-            f"{row['tpot_ms']:.2f}",
-            f"{row['streams_matching_generate']}/{row['concurrency']}",
-            "-" if rss is None else f"{rss:.0f}",
-        )
+        matching = f"{row['streams_matching_generate']}/{row['concurrency']}"
+        table.add_row(*_engine_cells(row), matching, "-" if rss is None else f"{rss:.0f}")
     console.print(table)
     for level in report["levels"]:
         for key, text in (
@@ -177,28 +190,10 @@ def print_engines_report(report: dict[str, Any], console: Console) -> None:
 
 
 def print_engine_report(report: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"engine benchmark: {report['model']} ({report['params'] / 1e6:.1f}M)")
-    columns = (
-        "engine",
-        "streams",
-        "tokens/s",
-        "TTFT p50 ms",
-        "TTFT p99 ms",
-        "TPOT ms",
-        "= generate",
-    )
-    for column in columns:
-        table.add_column(column, justify="right" if column != "engine" else "left")
+    title = f"engine benchmark: {report['model']} ({report['params'] / 1e6:.1f}M)"
+    table = _engine_table(title, ("= generate",))
     for row in report["rows"]:
-        table.add_row(
-            row["engine"],
-            str(row["concurrency"]),
-            f"{row['tokens_per_s']:.0f}",
-            f"{row['ttft_ms_p50']:.1f}",
-            f"{row['ttft_ms_p99']:.1f}",
-            f"{row['tpot_ms']:.2f}",
-            "yes" if row["matches_generate"] else "NO",
-        )
+        table.add_row(*_engine_cells(row), "yes" if row["matches_generate"] else "NO")
     console.print(table)
     for level in report["levels"]:
         ratio = report.get(f"ratio_vs_generate_at_{level}")
