@@ -235,9 +235,10 @@ def bandwidth_bound(loaded: LoadedModel, batch1: LevelResult | None) -> dict[str
         "weights_bytes": loaded.weights_bytes,
         "bound_tokens_per_s": round(bound, 1),
         "batch1_tokens_per_s": round(whole, 1),
-        "fraction_of_bound": round(whole / bound, 3),
+        # three significant digits: a tiny model's share of its bound is a small number
+        "fraction_of_bound": float(f"{whole / bound:.3g}"),
         "batch1_decode_tokens_per_s": round(decode, 1),
-        "decode_fraction_of_bound": round(decode / bound, 3),
+        "decode_fraction_of_bound": float(f"{decode / bound:.3g}"),
     }
 
 

@@ -237,7 +237,9 @@ def _progressive(
     if chat.gate != "always":
         reason += f"; gate {chat.gate} at draft confidence {config.min_draft_confidence:.2f}"
     reason += "".join(f"; {note}" for note in notes)
-    choose_with_fallback(refine, loads, config, down, loading)  # TiersFull if every tier is full
+    # TiersFull if every tier is full; a refine tier still loading holds the chat back only
+    # when there is no draft to answer at once (the refinement is then tried all the same)
+    choose_with_fallback(refine, loads, config, down, loading if len(tiers) == 1 else None)
     then = fallback_order(refine, loads, config, down)
     # with a draft to keep, a refinement moves on only to tiers able to take it
     fallbacks = then if len(tiers) == 1 else tuple(t for t in then if down(t) is None)

@@ -59,6 +59,7 @@ def test_upper_case_questions_are_words_to_the_tokenizer_not_letters(small: Any)
     assert tokenizer.decode(tokenizer.encode(question.upper())) == question.upper()
 
 
+@pytest.mark.timeout(360)  # 160 answers of the large model: 40-120 s on 2 busy cores
 def test_large_model_totals_complex_orders() -> None:
     # every complex order of the test split (160), as `models eval` scores them: a 90% bar on 20
     # orders cannot tell 90% from 85% (one order is 5 points), on 160 one order is 0.6
