@@ -264,6 +264,28 @@ def _same_layout(rows: list[LevelResult]) -> Iterator[None]:
         del os.environ[LINEAR_LAYOUT_ENV]
 
 
+def report_head(
+    model: Path,
+    params: int,
+    dtype: str,
+    max_tokens: int,
+    layout: str,
+    rounds: int,
+    levels: list[int],
+) -> dict[str, Any]:
+    """The fields every `bench engine` report opens with: what was measured, and how."""
+    return {
+        "model": str(model),
+        "params": params,
+        "dtype": dtype,
+        "max_tokens": max_tokens,
+        "torch_threads": torch.get_num_threads(),
+        "linear_layout": layout,
+        "rounds": rounds,
+        "levels": levels,
+    }
+
+
 def run_engine_bench(
     model: Path,
     levels: list[int],
@@ -299,15 +321,9 @@ def run_engine_bench(
                 rows.append(result)
     by = {(r.engine, r.concurrency): r for r in rows}
     ours1 = by.get(("tiermesh", levels[0]))
+    layout = ours1.linear_layout.label if ours1 and ours1.linear_layout else ""
     report: dict[str, Any] = {
-        "model": str(model),
-        "params": loaded.params,
-        "dtype": dtype,
-        "max_tokens": max_tokens,
-        "torch_threads": torch.get_num_threads(),
-        "linear_layout": ours1.linear_layout.label if ours1 and ours1.linear_layout else "",
-        "rounds": rounds,
-        "levels": levels,
+        **report_head(model, loaded.params, dtype, max_tokens, layout, rounds, levels),
         "rows": [_row(r, by.get(("hf_generate", r.concurrency))) for r in rows],
         "skipped": skipped,
         "bandwidth": in_own_thread(

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from services.bench.engine_bench import bandwidth_bound, in_own_thread, run_generate
+from services.bench.engine_bench import bandwidth_bound, in_own_thread, report_head, run_generate
 from services.bench.engine_bursts import LevelResult
 from services.bench.engine_plan import (
     VLLM_ENGINES,
@@ -172,15 +172,9 @@ def _report(
         batch1 = LevelResult(
             **{k: torch1[k] for k in LevelResult.__dataclass_fields__ if k in torch1}
         )
+    layout = results.get("torch", {}).get("linear_layout", "")
     report: dict[str, Any] = {
-        "model": str(model),
-        "params": loaded.params,
-        "dtype": dtype,
-        "max_tokens": max_tokens,
-        "torch_threads": torch.get_num_threads(),
-        "linear_layout": results.get("torch", {}).get("linear_layout", ""),
-        "rounds": rounds,
-        "levels": levels,
+        **report_head(model, loaded.params, dtype, max_tokens, layout, rounds, levels),
         "rows": rows,
         "skipped": {},
         "bandwidth": in_own_thread(bandwidth_bound, loaded, batch1),
