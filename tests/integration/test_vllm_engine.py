@@ -278,40 +278,46 @@ def linked_copy(folder: Path, to: Path) -> Path:
 async def test_a_hot_swap_drops_no_stream(
     vllm_tier: str, smollm2_dir: Path, tmp_path: Path
 ) -> None:
-    """The tier loads a second vLLM engine while two streams at a time keep running; every
+    """The tier loads a second vLLM engine while a chain of streams keeps it busy, each stream
+    opened when the one before is halfway (so one is always in flight, at most two run); every
     stream ends complete, those started before the switch on the old model and after it on the
     new, and the old engine is stopped. (Last in the module: the new engine serves after it.)"""
     new_dir = linked_copy(smollm2_dir, tmp_path / "smollm2-swapped")
     finished: list[tier_pb2.GenerateChunk] = []
     swapping = True
+    length = 96
 
-    async def keep_streaming(stub: tier_pb2_grpc.TierServiceStub, worker: int) -> None:
-        n = 0
-        while swapping:
-            n += 1
-            fields = {"prompt": STORY, "max_tokens": 48, "request_id": f"swap-{worker}-{n}"}
-            chunks = [chunk async for chunk in stub.Generate(request(**fields))]
-            assert chunks[-1].finish_reason in ("stop", "length"), chunks[-1]
-            finished.append(chunks[-1])
+    async def chain(stub: tier_pb2_grpc.TierServiceStub, n: int = 0) -> None:
+        fields = {"prompt": STORY, "max_tokens": length, "request_id": f"swap-{n}"}
+        chunks: list[tier_pb2.GenerateChunk] = []
+        following: asyncio.Task[None] | None = None
+        async for chunk in stub.Generate(request(**fields)):
+            chunks.append(chunk)
+            if len(chunks) == length // 2 and swapping:
+                following = asyncio.create_task(chain(stub, n + 1))
+        assert chunks[-1].finish_reason == "length", chunks[-1]  # (else the chain has a gap)
+        finished.append(chunks[-1])
+        if following is not None:
+            await following
 
     async with grpc.aio.insecure_channel(vllm_tier) as channel:
         stub = tier_pb2_grpc.TierServiceStub(channel)
         admin = tier_pb2_grpc.TierAdminServiceStub(channel)
         before = await stub.GetStatus(tier_pb2.GetStatusRequest())
         reference = ids_of([chunk async for chunk in stub.Generate(request())])
-        workers = [asyncio.create_task(keep_streaming(stub, w)) for w in range(2)]
+        streams = asyncio.create_task(chain(stub))
         try:
             swap = admin.SwapModel(tier_pb2.SwapModelRequest(model_path=str(new_dir)))
             phases = [response.swap async for response in swap]
         finally:
             swapping = False
-            await asyncio.gather(*workers)  # a failed stream fails the test here
+            await streams  # a failed stream fails the test here
         after = await stub.GetStatus(tier_pb2.GetStatusRequest())
         answer = [chunk async for chunk in stub.Generate(request())]
 
     assert [p.phase for p in phases] == ["loading", "switched", "done"]
     done = phases[-1]
-    assert done.streams_cut == 0 and done.streams_on_old >= 1  # both slots were busy
+    assert done.streams_cut == 0 and done.streams_on_old >= 1  # the chain had one
     assert (done.old_model_id, done.new_model_id) == (before.model_id, after.model_id)
     assert after.model_id == "large/smollm2-swapped" and after.last_swap == done
     assert {c.model for c in finished} == {before.model_id, after.model_id}
