@@ -177,6 +177,17 @@ async def watched(address: str) -> tier_pb2.TierStatus:
         return first
 
 
+async def busy_streams(stub: tier_pb2_grpc.TierServiceStub, tag: str) -> list[Any]:
+    """Two long answers (the tier's two running slots), each past its first chunk."""
+    calls = [
+        stub.Generate(request(prompt=STORY, max_tokens=256, request_id=f"{tag}{n}"))
+        for n in range(2)
+    ]
+    for call in calls:
+        await call.read()
+    return calls
+
+
 async def test_the_status_carries_vllms_scheduler_and_prefix_cache(vllm_tier: str) -> None:
     await generate(vllm_tier, prompt=FACTS, max_tokens=2, request_id="facts-1")
     before = await status(vllm_tier)
@@ -186,12 +197,7 @@ async def test_the_status_carries_vllms_scheduler_and_prefix_cache(vllm_tier: st
     assert (await watched(vllm_tier)).prefix_cache_hit_rate == after.prefix_cache_hit_rate
     async with grpc.aio.insecure_channel(vllm_tier) as channel:
         stub = tier_pb2_grpc.TierServiceStub(channel)
-        calls = [
-            stub.Generate(request(prompt=STORY, max_tokens=256, request_id=f"busy{n}"))
-            for n in range(2)
-        ]
-        for call in calls:
-            await call.read()
+        calls = await busy_streams(stub, "busy")
         while (now := await watched(vllm_tier)).engine_running < 2:  # vLLM's next step
             await asyncio.sleep(0.05)
         assert (now.engine_running, now.engine_waiting, now.running) == (2, 0, 2)
@@ -219,12 +225,7 @@ async def test_a_cancelled_stream_frees_its_slot(vllm_tier: str) -> None:
 async def test_full_means_resource_exhausted_with_a_retry_delay(vllm_tier: str) -> None:
     async with grpc.aio.insecure_channel(vllm_tier) as channel:
         stub = tier_pb2_grpc.TierServiceStub(channel)
-        calls = [
-            stub.Generate(request(prompt=STORY, max_tokens=256, request_id=f"f{n}"))
-            for n in range(2)
-        ]
-        for call in calls:
-            await call.read()  # both running (max_num_seqs 2)
+        calls = await busy_streams(stub, "f")  # both running (max_num_seqs 2)
         waiting = stub.Generate(request(max_tokens=4, request_id="waits"))
         while await running(vllm_tier) < 2:
             await asyncio.sleep(0.1)
