@@ -38,6 +38,7 @@ from services.gateway.chat_endpoint import (
     _Response,
 )
 from services.gateway.errors import GatewayError
+from services.gateway.first_event import first_event
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.router_chat import RouterChat, call_metadata, start_span
 from services.gateway.wire_format import ParsedRequest, StreamEncoder, WireFormat
@@ -137,10 +138,11 @@ class AnswerEndpoint:
                     first = await chat.first()
                     encoder = self.wire.encoder(request)
                     body_parts = self._stream(chat, first, request, encoder, started)
-                    # the status waits for the stream's first piece: a chat that fails before
-                    # any of its text (a tier refused it, overload, no tier holds it) is still
-                    # an HTTP error, with its Retry-After, that clients and their retries read
-                    opening = await anext(body_parts)
+                    # the status waits for the stream's first event: a chat that fails before
+                    # it is still an HTTP error, with its Retry-After
+                    opening, rest = await first_event(
+                        body_parts, lambda error: (encoder.failure(error), True)
+                    )
             except GatewayError as e:
                 chat.cancel()
                 metrics.requests.labels(model, stream_label, e.status).inc()
@@ -158,7 +160,7 @@ class AnswerEndpoint:
             data, last = opening
             while not last:
                 await response.body(data)
-                data, last = await anext(body_parts)
+                data, last = await anext(rest)
             await response.end(data)
         finally:
             watch.cancel()
@@ -193,14 +195,13 @@ class AnswerEndpoint:
     ) -> AsyncGenerator[tuple[bytes, bool], None]:
         """The SSE body in pieces of one write each, the last flagged: the opening events (and
         any piece without text) go out with the first text, an event's pieces together, the
-        closing events with the answer's last text. A failure before the first text raises
-        its GatewayError (the response has not started: it is an HTTP error); after, it is the
-        stream's error event."""
+        closing events with the answer's last text. A failure raises its GatewayError (first_event
+        makes it an HTTP status before the first text, the stream's error event after), except
+        an answer replaced midway: that is the stream's error event."""
         metrics, model = self._metrics, request.chat.model
         feed = AnswerFeed(request.chat.revisions)
         pending = encoder.opening()
-        seen_text = False
-        sent = False  # a piece was yielded: the response has started
+        seen_text = False  # from the first text on, each event's pieces go out as they come
         metrics.active_streams.inc()
         try:
             event: Event | None = first
@@ -219,27 +220,23 @@ class AnswerEndpoint:
                     await chat.next()  # the call's OK status, which follows Final
                     yield data + encoder.closing(feed.answer), True
                     return
-                if sent or any(piece.text for piece in pieces):
-                    sent = True  # from the first text on, each event's pieces as they come
+                if seen_text:
                     yield data, False
                     pending = b""
                 else:  # pieces without text (a revision's start) go out with the first text
                     pending = data
                 event = await chat.next()
             raise GatewayError(502, "the router's stream ended without a final answer")
-        except GatewayError as e:
-            if not sent:
-                raise
-            yield pending + encoder.failure(e), True
         except AnswerReplaced as e:
             error = GatewayError(502, str(e), code="answer_replaced")
             yield pending + encoder.failure(error), True
+        except GatewayError:
+            raise
         except Exception:
             log.exception("%s stream failed", request.chat.model)
-            error = GatewayError(500, "the gateway failed to serve the request", code="internal")
-            if not sent:
-                raise error from None
-            yield pending + encoder.failure(error), True
+            raise GatewayError(
+                500, "the gateway failed to serve the request", code="internal"
+            ) from None
         finally:
             chat.cancel()
             metrics.active_streams.dec()

@@ -26,6 +26,7 @@ from services.common.config import GatewayConfig
 from services.gateway import completions
 from services.gateway.chat_request import ChatCompletionRequest, parse_chat_request
 from services.gateway.errors import GatewayError
+from services.gateway.first_event import first_event
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_wire import DONE, sse
 from services.gateway.router_chat import RouterChat, call_metadata, start_span
@@ -111,9 +112,10 @@ class ChatCompletionsEndpoint:
                 else:
                     firsts = await completions.first_events(chats)
                     body_parts = completions.stream(chats, firsts, chat_request, metrics)
-                    # the status waits for the stream's first piece: a chat that fails before
+                    # the status waits for the stream's first event: a chat that fails before
                     # any of its output is still an HTTP error, with its Retry-After
-                    data: bytes | None = await anext(body_parts)
+                    data: bytes | None
+                    data, rest = await first_event(body_parts, lambda error: sse(error.body()))
             except GatewayError as e:
                 for chat in chats:
                     chat.cancel()
@@ -133,7 +135,7 @@ class ChatCompletionsEndpoint:
                     last = data
                 else:
                     await response.body(data)
-                data = await anext(body_parts, None)
+                data = await anext(rest, None)
             await response.end(last)
         finally:
             watch.cancel()

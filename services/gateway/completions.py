@@ -32,15 +32,6 @@ MORE, ENDED, FAILED = "more", "ended", "failed"
 Piece = tuple[bytes, str]
 
 
-class _FailedUnsent(Exception):
-    """A choice failed before any of its pieces was sent: the stream's caller may still answer
-    with the error's HTTP status."""
-
-    def __init__(self, error: GatewayError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
 async def complete(
     chats: list[RouterChat], request: ChatCompletionRequest, metrics: GatewayMetrics
 ) -> dict[str, Any]:
@@ -111,8 +102,8 @@ async def stream(
     event's chunks together, and the last answer's final chunks with the usage chunk and
     `[DONE]` (the last piece, and the only one ending with DONE), so a short answer costs few
     writes and wake-ups of the client. With several choices, their pieces go out as they come.
-    A choice that fails before the first piece raises its GatewayError (nothing was sent:
-    the caller answers with its status)."""
+    A choice's failure raises its GatewayError (first_event makes it an HTTP status before the
+    first piece, the stream's error event after)."""
     started = time.perf_counter()
     writer = ChunkWriter(request.model, service_tier=request.service_tier)
     first_content = _FirstContent(metrics, request.model, started)
@@ -127,7 +118,6 @@ async def stream(
     pieces = _interleaved(sources)
     metrics.active_streams.inc()
     running = len(chats)
-    sent = False
     try:
         async for piece, state in pieces:
             if state == FAILED:
@@ -141,12 +131,7 @@ async def stream(
                     yield piece + tail + DONE
                     return
             if piece:
-                sent = True
                 yield piece
-    except _FailedUnsent as e:
-        if not sent:
-            raise e.error from None
-        yield sse(e.error.body())
     finally:
         await pieces.aclose()
         for chat in chats:
@@ -158,13 +143,13 @@ async def stream(
 async def _choice(
     chat: RouterChat, first: Event, relay: _StreamRelay
 ) -> AsyncGenerator[Piece, None]:
-    """One choice's pieces of the SSE body; its last is ENDED or FAILED."""
+    """One choice's pieces of the SSE body; its last is ENDED, or FAILED when the call failed
+    after the choice's Final. A failure before that raises its GatewayError."""
     pending = sse(  # the role chunk, sent with the first content
         relay.writer.chunk(
             {"role": "assistant", "content": ""}, with_usage_field=relay.include_usage
         )
     )
-    sent = False
     try:
         async for event in _events(chat, first):
             events = relay.feed(event)
@@ -178,24 +163,18 @@ async def _choice(
                 yield last, ENDED
                 return
             if events:
-                sent = True
                 yield pending + b"".join(events), MORE
                 pending = b""
         raise GatewayError(502, "the router's stream ended without a final answer")
-    except (GatewayError, AnswerReplaced) as e:
-        error = (
-            e if isinstance(e, GatewayError) else GatewayError(502, str(e), code="answer_replaced")
-        )
-        if not sent:  # nothing of this choice went out: not even its role chunk
-            raise _FailedUnsent(error) from None
-        yield pending + sse(error.body()), FAILED
+    except AnswerReplaced as e:
+        raise GatewayError(502, str(e), code="answer_replaced") from None
 
 
 async def _interleaved(
     sources: list[AsyncGenerator[Piece, None]],
 ) -> AsyncGenerator[Piece, None]:
     """The pieces of every choice as each comes (a bounded queue: a choice waits while the
-    client is behind); a choice's unexpected failure is raised here. One choice's pieces are
+    client is behind); a choice's failure is raised here, after its pieces. One choice's pieces are
     passed on as they are (no task, no queue: the common `n` = 1)."""
     if len(sources) == 1:
         async for piece in sources[0]:
@@ -207,7 +186,7 @@ async def _interleaved(
         try:
             async for piece in source:
                 await queue.put(piece)
-        except Exception as e:  # not the choice's own GatewayError: it yields those
+        except Exception as e:
             await queue.put(e)
 
     tasks = [asyncio.ensure_future(pump(source)) for source in sources]
