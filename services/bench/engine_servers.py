@@ -214,7 +214,8 @@ async def run_vllm_server(
     progress: Progress,
 ) -> dict[str, Any]:
     """vLLM's OpenAI server; each request a streamed `/v1/completions` of the prompt's token ids
-    (greedy, the tier's end-of-sequence ids, `return_token_ids`)."""
+    (greedy, the tier's end-of-sequence ids, `return_token_ids`, and each token's log-probability,
+    `logprobs: 0`: what a tier asks vLLM for, its chunks carrying every token's)."""
     config = engine_config({**job, "engine": "vllm"})
     port = free_port()
     env = {**os.environ, **engine_environment(config, os.environ)}
@@ -240,6 +241,7 @@ async def run_vllm_server(
                 "temperature": 0.0,
                 "stream": True,
                 "return_token_ids": True,
+                "logprobs": 0,
                 "stop_token_ids": list(eos),
             }
 
