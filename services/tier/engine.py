@@ -53,12 +53,27 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True)
+class EnginePhases:
+    """What an engine with a scheduler of its own (vLLM) measured of one request inside it, after
+    the tier gave it a running slot: its wait for the engine's scheduler, prefill and decode
+    (ms, the engine's clock), how often it was preempted (its KV cache taken back and recomputed
+    later) and how many prompt tokens its prefix cache already held."""
+
+    scheduler_wait_ms: float
+    prefill_ms: float
+    decode_ms: float
+    preemptions: int
+    cached_prompt_tokens: int
+
+
+@dataclass(frozen=True)
 class GenerationUsage:
     prompt_tokens: int
     completion_tokens: int
     queue_ms: float  # waiting for a running slot
     ttft_ms: float  # from generate() being called to the first token
     total_ms: float  # from generate() being called to the last token
+    engine_phases: EnginePhases | None = None  # None = the engine measures none of its own
 
 
 @dataclass(frozen=True)
@@ -98,6 +113,8 @@ class GenerationChunk:
     # with sampling.top_logprobs: the tokens whose text ends in this chunk, in order
     token_logprobs: tuple[TokenLogprob, ...] = ()
     stop_sequence: str = ""  # on the last chunk, the stop sequence that ended the answer
+    # on the last chunk, from an engine that measures them (the tier's usage carries them on)
+    engine_phases: EnginePhases | None = None
 
 
 @dataclass(frozen=True)

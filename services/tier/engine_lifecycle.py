@@ -67,6 +67,7 @@ class UsageMeter:
             queue_ms=self.queue_ms,
             ttft_ms=self.ttft_ms or 0.0,
             total_ms=self._since_received(),
+            engine_phases=chunk.engine_phases,
         )
         return replace(chunk, usage=usage)
 

@@ -21,7 +21,7 @@ from services.common.genai_conventions import (
     span_name,
 )
 from services.common.telemetry import end_span, extract_context, meter, rpc_attributes, tracer
-from services.tier.engine import Engine, GenerationRequest, GenerationUsage
+from services.tier.engine import Engine, EnginePhases, GenerationRequest, GenerationUsage
 
 MS = 1_000_000  # nanoseconds per millisecond
 
@@ -105,9 +105,12 @@ class TierTelemetry:
             last = received_ns + int(usage.total_ms * MS)
             span.set_attribute("gen_ai.usage.input_tokens", usage.prompt_tokens)
             span.set_attribute("gen_ai.usage.output_tokens", usage.completion_tokens)
+            inside = engine_phase_attributes(usage.engine_phases)
             self._phase("engine queue", context, received_ns, queued)
-            self._phase("engine prefill", context, queued, first)
-            self._phase("engine decode", context, first, last, usage.completion_tokens)
+            self._phase("engine prefill", context, queued, first, attributes=inside["prefill"])
+            self._phase(
+                "engine decode", context, first, last, usage.completion_tokens, inside["decode"]
+            )
             self.ttft.record(usage.ttft_ms / 1000, attributes)
             if usage.completion_tokens > 1:
                 per_token = (usage.total_ms - usage.ttft_ms) / (usage.completion_tokens - 1)
@@ -122,10 +125,37 @@ class TierTelemetry:
         end_span(span, status, message)
 
     def _phase(
-        self, name: str, context: Any, start_ns: int, end_ns: int, tokens: int | None = None
+        self,
+        name: str,
+        context: Any,
+        start_ns: int,
+        end_ns: int,
+        tokens: int | None = None,
+        attributes: dict[str, float | int] | None = None,
     ) -> None:
         span = tracer().start_span(name, context=context, start_time=start_ns)
         span.set_attribute("tiermesh.tier", self._tier)
         if tokens is not None:
             span.set_attribute("gen_ai.usage.output_tokens", tokens)
+        if attributes:
+            span.set_attributes(attributes)
         span.end(end_time=max(start_ns, end_ns))
+
+
+def engine_phase_attributes(phases: EnginePhases | None) -> dict[str, dict[str, float | int]]:
+    """What an engine measured inside itself, as attributes of the tier's "engine prefill" span
+    (its scheduler's wait, its prefill, prompt tokens its prefix cache held) and "engine decode"
+    span (its decode, preemptions); none without them."""
+    if phases is None:
+        return {"prefill": {}, "decode": {}}
+    return {
+        "prefill": {
+            "tiermesh.engine.scheduler_wait_ms": round(phases.scheduler_wait_ms, 3),
+            "tiermesh.engine.prefill_ms": round(phases.prefill_ms, 3),
+            "tiermesh.engine.cached_prompt_tokens": phases.cached_prompt_tokens,
+        },
+        "decode": {
+            "tiermesh.engine.decode_ms": round(phases.decode_ms, 3),
+            "tiermesh.engine.preemptions": phases.preemptions,
+        },
+    }

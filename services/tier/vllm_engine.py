@@ -29,7 +29,7 @@ from services.common import parent_watch
 from services.common.config import TierConfig
 from services.common.errors import Unavailable
 from services.tier.chunking import ChunkAssembler
-from services.tier.engine import GenerationChunk
+from services.tier.engine import EnginePhases, GenerationChunk
 from services.tier.engine_lifecycle import EngineLifecycle, ModelFootprint
 from services.tier.model_fingerprint import folder_fingerprint
 from services.tier.prepared_request import PreparedRequest, PromptFormat, held_back_entries
@@ -66,6 +66,25 @@ def scheduler_counts(stats: VllmStats, in_flight: int) -> tuple[int, int]:
     was aborted (no step follows) its report still counts it."""
     running = min(stats.running, in_flight)
     return running, min(stats.waiting, in_flight - running)
+
+
+def engine_phases(stats: Any, cached_prompt_tokens: int | None) -> EnginePhases | None:
+    """One request's phases inside vLLM from its RequestOutput's `metrics` (RequestStateStats:
+    the engine core's timestamps, seconds) and `num_cached_tokens`; None until vLLM has
+    scheduled it and streamed its first token (or without stats)."""
+    queued = getattr(stats, "queued_ts", 0.0)
+    scheduled = getattr(stats, "scheduled_ts", 0.0)
+    first = getattr(stats, "first_token_ts", 0.0)
+    last = getattr(stats, "last_token_ts", 0.0)
+    if not (0.0 < queued <= scheduled <= first <= last):
+        return None
+    return EnginePhases(
+        scheduler_wait_ms=(scheduled - queued) * 1000,
+        prefill_ms=(first - scheduled) * 1000,
+        decode_ms=(last - first) * 1000,
+        preemptions=int(getattr(stats, "num_preemptions", 0)),
+        cached_prompt_tokens=int(cached_prompt_tokens or 0),
+    )
 
 
 def stat_logger(stats: VllmStats) -> Callable[[Any, int], Any]:
@@ -200,6 +219,9 @@ class VllmEngine(EngineLifecycle):
                     top = top_alternatives(ranked, sampling.top_logprobs or 0) if detailed else ()
                     chunk = assembler.add(token, logprob, finish, top)
                     finished = finish is not None  # vLLM is done with it: nothing to abort
+                    if finished and chunk is not None:
+                        phases = engine_phases(output.metrics, output.num_cached_tokens)
+                        chunk = replace(chunk, engine_phases=phases)
                     if chunk is not None:
                         yield chunk
                     if finished:

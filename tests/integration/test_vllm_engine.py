@@ -7,6 +7,7 @@ counts and prefix-cache hit rate."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,16 @@ def smollm2_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def vllm_tier(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[str]:
-    """One vLLM tier process for the module: two running, one waiting."""
+def spans_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the module's vLLM tier writes its spans (TIERMESH_TRACE_FILE)."""
+    return tmp_path_factory.mktemp("vllm-spans") / "spans.jsonl"
+
+
+@pytest.fixture(scope="module")
+def vllm_tier(
+    tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path, spans_file: Path
+) -> Iterator[str]:
+    """One vLLM tier process for the module: two running, one waiting; spans to `spans_file`."""
     python = vllm_python()
     work = tmp_path_factory.mktemp("vllm-tier")
     port = free_port()
@@ -62,7 +71,8 @@ def vllm_tier(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> It
         {},
     )
     command = [str(python), "-m", "services.tier.vllm_server", "--config", str(config)]
-    child = Child("vllm-large", f"127.0.0.1:{port}", command, work / "tier.log")
+    env = {"TIERMESH_TRACE_FILE": str(spans_file)}
+    child = Child("vllm-large", f"127.0.0.1:{port}", command, work / "tier.log", env=env)
     child.start()
     try:
         asyncio.run(wait_serving(child, LOAD_S))
@@ -206,6 +216,48 @@ async def test_the_status_carries_vllms_scheduler_and_prefix_cache(vllm_tier: st
             call.cancel()
     while (await status(vllm_tier)).engine_running:  # both aborted: none left in vLLM
         await asyncio.sleep(0.05)
+
+
+async def spans_of(spans_file: Path, request_ids: set[str]) -> list[dict[str, Any]]:
+    """The spans of the requests' traces once their server spans are in the file (the tier
+    writes spans in batches every 200 ms)."""
+    for _ in range(100):
+        if spans_file.exists():
+            spans = [json.loads(line) for line in spans_file.read_text().splitlines()]
+            served = {s["attributes"].get("tiermesh.request_id") for s in spans}
+            if request_ids <= served:
+                return spans
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no server spans of {sorted(request_ids)} in {spans_file}")
+
+
+async def test_the_engine_spans_carry_vllms_own_phases(vllm_tier: str, spans_file: Path) -> None:
+    """The tier's engine prefill and decode spans carry what vLLM measured of the request: its
+    scheduler wait, prefill, decode, preemptions, and the prompt tokens its prefix cache held (a
+    second ask of one long prompt finds its blocks cached)."""
+    prompt = " ".join(f"Note {n}: drawer {n} holds {n * 3} blue pens." for n in range(24))
+    for n in (1, 2):
+        await generate(vllm_tier, prompt=prompt, max_tokens=8, request_id=f"spans-{n}")
+    spans = await spans_of(spans_file, {"spans-1", "spans-2"})
+    phases: dict[str, dict[str, Any]] = {}
+    for server in spans:
+        rid = server["attributes"].get("tiermesh.request_id")
+        if rid in ("spans-1", "spans-2"):
+            for span in spans:
+                if span["parent_id"] == server["span_id"]:
+                    phases.setdefault(rid, {})[span["name"]] = span["attributes"]
+    for rid in ("spans-1", "spans-2"):
+        prefill, decode = phases[rid]["engine prefill"], phases[rid]["engine decode"]
+        assert prefill["tiermesh.engine.scheduler_wait_ms"] >= 0
+        assert prefill["tiermesh.engine.prefill_ms"] > 0
+        assert decode["tiermesh.engine.decode_ms"] > 0  # 8 tokens: 7 decode steps
+        assert decode["tiermesh.engine.preemptions"] == 0
+        assert decode["gen_ai.usage.output_tokens"] == 8
+    cached = [
+        phases[rid]["engine prefill"]["tiermesh.engine.cached_prompt_tokens"]
+        for rid in ("spans-1", "spans-2")
+    ]
+    assert cached[0] < cached[1] and cached[1] >= 128  # at least one 128-token block
 
 
 async def test_a_cancelled_stream_frees_its_slot(vllm_tier: str) -> None:
