@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import grpc
 import httpx
@@ -127,3 +127,33 @@ async def test_a_prompt_longer_than_the_servers_context_is_prompt_too_long(
     assert details.reason == "PROMPT_TOO_LONG"  # so a router moves the chat on to another tier
     assert details.metadata["limit_tokens"] == "2047"  # --max-model-len 2048
     assert int(details.metadata["prompt_tokens"]) > 2048
+
+
+async def status_when(
+    stub: tier_pb2_grpc.TierServiceStub, ready: Callable[[tier_pb2.TierStatus], bool]
+) -> tier_pb2.TierStatus:
+    """The tier's status once `ready` holds (it reads the server's /metrics every 2 s)."""
+    for _ in range(100):
+        now: tier_pb2.TierStatus = await stub.GetStatus(tier_pb2.GetStatusRequest())
+        if ready(now):
+            return now
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the tier's status never got there: {now}")
+
+
+async def test_the_status_carries_the_servers_scheduler_and_prefix_cache(tier: TierServer) -> None:
+    """The remote tier's TierStatus shows the server's own running requests while one streams,
+    and its prefix-cache hit rate once a long prompt has been asked twice."""
+    facts = " ".join(f"Note {n}: drawer {n} holds {n * 3} blue pens." for n in range(24))
+    async with grpc.aio.insecure_channel(tier.address) as channel:
+        stub = tier_pb2_grpc.TierServiceStub(channel)
+        call = stub.Generate(request(STORY, 256, "long"))
+        await call.read()
+        busy = await status_when(stub, lambda s: s.engine_running >= 1)
+        assert busy.engine_waiting == 0
+        call.cancel()
+        for n in range(2):
+            assert [c async for c in stub.Generate(request(facts, 2, f"facts-{n}"))]
+        cached = await status_when(stub, lambda s: s.prefix_cache_hit_rate > 0)
+        assert cached.prefix_cache_hit_rate <= 1.0
+        await status_when(stub, lambda s: s.engine_running == 0)  # the server is done with both
