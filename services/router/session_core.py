@@ -13,7 +13,7 @@ refinement is cancelled or never opened; a refinement that fails or runs over it
 the draft as the answer (the gate's verdict on a finished answer: progressive_verdicts.py). A
 ROUTED chat with a fallback tier and a first-token timeout opens the fallback tier when the
 first token is late; the first of the two to stream wins, the other is cancelled, and one that
-fails or ends before its first chunk loses.
+fails or ends before its first chunk loses (first_token_race.py).
 
 Failover: a failed call moves on to another replica of its tier while one is left untried,
 then along the plan's `fallbacks` (each tier at most once). One that fails before its first
@@ -37,6 +37,7 @@ from services.common.errors import PROMPT_TOO_LONG
 from services.router.chat_events import RefinementSettled, TierCallOpening
 from services.router.chat_plan import ChatPlan, SessionClock, tier_request_id
 from services.router.failover_target import failover_target, who
+from services.router.first_token_race import FirstTokenRace, RaceStep
 from services.router.progressive_verdicts import (
     escalates_to,
     refined,
@@ -90,10 +91,9 @@ class SessionCore:
         self._deadlines = SessionDeadlines(deadline, call_timeout_s, refine_budget_s)
         self._clock = clock
         self._call_id = call_id
-        self._phase = ""  # first_token, race, single, draft, refine, alone
+        self._phase = ""  # single, draft, refine, alone
         self._stream: RevisionStream | None = None
-        self._racing: list[CallState] = []  # the first-token race: the calls still in it
-        self._race_reason = ""
+        self._race = FirstTokenRace()
         self._draft: RevisionStream | None = None
         self._refine: CallState | None = None
         self._alone_note = ""
@@ -113,7 +113,7 @@ class SessionCore:
             self._stream = RevisionStream(first, 0, None, plan.retry_first_token, False)
             self._phase = "single"
             if plan.fallback_tier and plan.first_token_timeout_s > 0:
-                self._phase, self._racing = "first_token", [first]
+                self._race.begin(first, plan.first_token_timeout_s)
                 out.append(StartTimer(plan.first_token_timeout_s))
         elif len(plan.tiers) == 1:  # the draft tier was down: the refine tier answers alone
             self._stream = RevisionStream(first, 0, None, True, False)
@@ -133,7 +133,7 @@ class SessionCore:
         state, s = self.calls[call], self._stream
         if not self._expects(state) or s is None:
             return []
-        out = self._race_won(state) if self._racing else []
+        out = self._follow_race(self._race.streamed(state)) if self._race.running else []
         state.add(chunk)
         out += s.relay(chunk, self._clock, now)
         if s.open_refine_after_first and s.started:  # the draft's first delta is out
@@ -147,9 +147,9 @@ class SessionCore:
         if not self._expects(state) or s is None:
             return []
         state.over = True
-        if self._racing and (others := self._race_others(state)):
-            return self._race_lost(state, others)
-        out = self._race_alone(state) if self._racing else []
+        out, lost = self._leave_race(state)
+        if lost:
+            return out
         out += s.complete_at_end(self._clock, now)
         out += self._report(state)
         finish = state.finish_reason or "stop"
@@ -167,9 +167,9 @@ class SessionCore:
         state.over, state.error = True, error
         if error.reason == PROMPT_TOO_LONG:
             self._too_long.append(error)
-        if self._racing and (others := self._race_others(state)):
-            return self._race_lost(state, others)
-        out = self._race_alone(state) if self._racing else []
+        out, lost = self._leave_race(state)
+        if lost:
+            return out
         s.error = error
         out += self._report(state)
         if not s.failover:
@@ -178,12 +178,11 @@ class SessionCore:
 
     def timer(self, now: float) -> list[Action]:
         """The first-token timer fired: the fallback tier races the late call."""
-        if self._phase != "first_token" or self.plan.fallback_tier is None:
+        if not self._race.timer_armed or self.plan.fallback_tier is None:
             return []
         out: list[Action] = []
         backup = self._open(out, self.plan.fallback_tier, self._deadlines.call_s(now))
-        self._racing.append(backup)
-        self._phase = "race"
+        self._race.join(backup)
         return [*out, ReadCall(backup.id)]
 
     def client_left(self) -> list[Action]:
@@ -195,47 +194,32 @@ class SessionCore:
         """Whether input from `call` means anything now: it runs and is being read."""
         if call.over or self.done:
             return False
-        return call in self._racing if self._racing else call is self._stream_call()
+        return call in self._race.racing if self._race.running else call is self._stream_call()
 
     def _stream_call(self) -> CallState | None:
         return self._stream.call if self._stream is not None else None
 
     # -- the first-token race ----------------------------------------------------------------
 
-    def _race_won(self, winner: CallState) -> list[Action]:
-        """`winner` streamed first: the rest of the race is cancelled; it is the answer's call."""
-        out: list[Action] = [StopTimer()] if self._phase == "first_token" else []
-        for other in self._racing:
-            if other is not winner:
-                out += self._cancel(other) + self._report(other)
-        self._settle_race(winner)
+    def _leave_race(self, call: CallState) -> tuple[list[Action], bool]:
+        """`call` ended or failed: the race's actions, and whether it lost (others race on)."""
+        if not self._race.running:
+            return [], False
+        step = self._race.left(call)
+        out = self._follow_race(step)
+        if step.answer is call:  # it raced alone: its end is the answer's, as usual
+            return out, False
+        return out + self._report(call), True
+
+    def _follow_race(self, step: RaceStep) -> list[Action]:
+        """Stops the timer, cancels the losers and streams the answer's call, as `step` says."""
+        out: list[Action] = [StopTimer()] if step.stop_timer else []
+        for loser in step.cancel:
+            out += self._cancel(loser) + self._report(loser)
+        if step.answer is not None:
+            assert self._stream is not None
+            self._stream.call = step.answer
         return out
-
-    def _race_others(self, call: CallState) -> list[CallState]:
-        return [c for c in self._racing if c is not call]
-
-    def _race_lost(self, loser: CallState, others: list[CallState]) -> list[Action]:
-        """`loser` ended or failed before its first chunk while others still race: it is out."""
-        self._racing = others
-        if len(others) == 1:
-            self._settle_race(others[0])
-        return self._report(loser)
-
-    def _race_alone(self, call: CallState) -> list[Action]:
-        """The last call of the race ended or failed: its end is the answer's, as usual."""
-        out: list[Action] = [StopTimer()] if self._phase == "first_token" else []
-        self._settle_race(call)
-        return out
-
-    def _settle_race(self, call: CallState) -> None:
-        assert self._stream is not None
-        plan = self.plan
-        if call is not self.calls[0]:
-            ms = plan.first_token_timeout_s * 1000
-            self._race_reason = (
-                f"no first token from {plan.tiers[0]} within {ms:.0f} ms; answered by {call.tier}"
-            )
-        self._stream.call, self._racing, self._phase = call, [], "single"
 
     def _give_up(self, s: RevisionStream, now: float) -> list[Action]:
         """The revision stream ends where it is (RevisionEnd if it broke after streaming)."""
@@ -328,7 +312,7 @@ class SessionCore:
         elif s.notes:
             reason = "; ".join([*s.notes, answered])
         else:
-            reason = self._race_reason or answered
+            reason = self._race.reason or answered
         if self.plan.note:  # what overload did to the route
             reason = f"{self.plan.note}; {reason}"
         return self._final(s.call, s.revision, reason, None, now)
