@@ -44,7 +44,7 @@ VLLM_STAMP := $(VLLM_VENV)/.tiermesh-installed
 setup-vllm: $(VLLM_STAMP)  ## create .venv-vllm: vLLM plus tiermesh's tier server, for engine = "vllm"
 	@$(VLLM_BIN)/python -c "import vllm; print('.venv-vllm ready: vllm', vllm.__version__, '(tiermesh run --engine TIER=vllm)')"
 
-$(VLLM_STAMP): pyproject.toml clients/python/pyproject.toml | $(BIN)/tiermesh
+$(VLLM_STAMP): pyproject.toml clients/python/pyproject.toml requirements/vllm-tier.txt | $(BIN)/tiermesh
 	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/python -m pip install --quiet --upgrade pip
 	$(VLLM_BIN)/python -m pip install --quiet "$(VLLM_PKG)"
@@ -54,13 +54,7 @@ $(VLLM_STAMP): pyproject.toml clients/python/pyproject.toml | $(BIN)/tiermesh
 	# tiermesh without its own pins (vLLM's transformers and fastapi stay), then what the tier
 	# server needs and vLLM does not bring, constrained to the versions vLLM installed
 	$(VLLM_BIN)/python -m pip freeze --exclude-editable > $(VLLM_VENV)/vllm-pins.txt
-	$(VLLM_BIN)/python -m pip install --quiet -c $(VLLM_VENV)/vllm-pins.txt "setuptools>=68" wheel \
-		"grpcio>=1.85,<2" "grpcio-tools>=1.85,<2" "grpcio-health-checking>=1.85,<2" \
-		"grpcio-reflection>=1.85,<2" "grpcio-status>=1.85,<2" "protobuf>=6.31,<8" \
-		"opentelemetry-api>=1.45,<2" "opentelemetry-sdk>=1.45,<2" \
-		"opentelemetry-exporter-otlp-proto-grpc>=1.45,<2" \
-		"opentelemetry-exporter-otlp-proto-http>=1.45,<2" "opentelemetry-exporter-prometheus" \
-		rich pyyaml cryptography uvicorn httptools "httpx>=0.27" safetensors
+	$(VLLM_BIN)/python -m pip install --quiet -c $(VLLM_VENV)/vllm-pins.txt -r requirements/vllm-tier.txt
 	$(VLLM_BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e clients/python
 	$(VLLM_BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(VLLM_BIN)/python -c "import vllm, tiermesh.v1, services.tier.server"
@@ -95,7 +89,7 @@ lint: setup  ## ruff, mypy, import contracts, docs links and commands, buf lint 
 	$(BIN)/lint-imports
 	$(BUF) lint
 	scripts/proto_breaking.sh $(BUF)
-	$(BIN)/hadolint Dockerfile
+	$(BIN)/hadolint Dockerfile Dockerfile.vllm
 	$(BIN)/python scripts/check_docs.py
 
 fmt: setup
