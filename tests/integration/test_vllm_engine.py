@@ -235,7 +235,8 @@ async def test_the_engine_spans_carry_vllms_own_phases(vllm_tier: str, spans_fil
     """The tier's engine prefill and decode spans carry what vLLM measured of the request: its
     scheduler wait, prefill, decode, preemptions, and the prompt tokens its prefix cache held (a
     second ask of one long prompt finds its blocks cached)."""
-    prompt = " ".join(f"Note {n}: drawer {n} holds {n * 3} blue pens." for n in range(24))
+    notes = " ".join(f"Note {n}: drawer {n} holds {n * 3} blue pens." for n in range(24))
+    prompt = f"{notes} Write a long story about these drawers."  # more than 8 tokens to say
     for n in (1, 2):
         await generate(vllm_tier, prompt=prompt, max_tokens=8, request_id=f"spans-{n}")
     spans = await spans_of(spans_file, {"spans-1", "spans-2"})
