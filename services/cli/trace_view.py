@@ -119,6 +119,12 @@ def _detail(attributes: dict[str, Any]) -> str:
         "gen_ai.usage.output_tokens",
         "gen_ai.response.finish_reasons",
         "tiermesh.final.reason",
+        # what an engine with its own scheduler (vLLM) measured inside itself
+        "tiermesh.engine.scheduler_wait_ms",
+        "tiermesh.engine.prefill_ms",
+        "tiermesh.engine.cached_prompt_tokens",
+        "tiermesh.engine.decode_ms",
+        "tiermesh.engine.preemptions",
     )
     parts = [f"{k.split('.')[-1]}={attributes[k]}" for k in keys if k in attributes]
     return f" [cyan]{' '.join(parts)}[/cyan]" if parts else ""

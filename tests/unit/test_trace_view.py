@@ -77,3 +77,17 @@ def test_a_link_the_file_cannot_follow_leaves_the_trace_alone() -> None:
     tree = build_tree(mismatched, caller + mismatched)
     assert str(tree.label) == f"trace {ROUTER_TRACE}"
     assert [n for n, _ in names(tree)] == ["router Chat"]
+
+
+def test_an_engine_span_shows_what_vllm_measured_inside_itself() -> None:
+    prefill = record("t1", "engine prefill", ROUTER_TRACE, 1)
+    prefill["attributes"] = {
+        "tiermesh.tier": "large",
+        "tiermesh.engine.scheduler_wait_ms": 0.03,
+        "tiermesh.engine.prefill_ms": 103.5,
+        "tiermesh.engine.cached_prompt_tokens": 128,
+    }
+    (node,) = build_tree([prefill], [prefill]).children
+    assert "tier=large scheduler_wait_ms=0.03 prefill_ms=103.5 cached_prompt_tokens=128" in str(
+        node.label
+    )
