@@ -50,7 +50,15 @@ from mesh.k8s_objects import (
 from mesh.k8s_policies import autoscaler, disruption_budget, network_policies
 from mesh.k8s_policies import service_monitor as service_monitor_object
 from mesh.k8s_tls import mounted_tls, secret_commands, secure_container
-from mesh.topology import Cluster, Endpoint, Resources, Topology, dump_yaml, xds_target
+from mesh.topology import (
+    Cluster,
+    Endpoint,
+    Resources,
+    Topology,
+    dump_yaml,
+    serving_port,
+    xds_target,
+)
 
 TOPOLOGY_MOUNT = "/etc/tiermesh"
 GATEWAY_PORT = 8080
@@ -69,7 +77,7 @@ def cluster_topology(topology: Topology) -> Topology:
     for tier in topology.tiers:
         clusters = []
         for cluster in tier.clusters:
-            port = cluster.endpoints[0].port if cluster.endpoints else 50061
+            port = serving_port(tier.name, cluster)
             locality = (
                 cluster.endpoints[0].locality if cluster.endpoints else Endpoint("", 0).locality
             )
@@ -91,7 +99,7 @@ def _tier_objects(
     secure: bool,
     engine: TierEngine | None = None,
 ) -> list[dict[str, Any]]:
-    port = cluster.endpoints[0].port if cluster.endpoints else 50061
+    port = serving_port(tier_name, cluster)
     labels = selector_labels(
         "tier", **{"tiermesh/tier": tier_name, "tiermesh/cluster": cluster.name}
     )
@@ -173,7 +181,7 @@ def manifests(
     for tier in in_mesh.tiers:
         for cluster in tier.clusters:
             objects += _tier_objects(tier.name, cluster, topology, secure, engines.get(tier.name))
-        port = tier.clusters[0].endpoints[0].port if tier.clusters[0].endpoints else 50061
+        port = serving_port(tier.name, tier.clusters[0])
         objects.append(
             service_for(
                 f"tier-{tier.name}", selector_labels("tier", **{"tiermesh/tier": tier.name}), port

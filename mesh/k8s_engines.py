@@ -22,7 +22,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from mesh.k8s_tls import TLS_MOUNT, secure_container
-from mesh.topology import ModelVolume, Resources, Topology
+from mesh.topology import ModelVolume, Resources, Topology, serving_port
 from services.common.config import TierConfig, build_config
 from services.common.errors import ConfigError
 
@@ -231,8 +231,7 @@ def remote_ports(
     used = dict(taken)
     ports = {}
     for name in remote:
-        endpoints = topology.tier(name).clusters[0].endpoints
-        port = endpoints[0].port if endpoints else 50061
+        port = serving_port(name, topology.tier(name).clusters[0])
         if port in used:
             raise ConfigError(
                 f"tier {name} is remote: its adapter in the router's pod needs port {port}, "

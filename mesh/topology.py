@@ -70,6 +70,11 @@ class Cluster:
     lb_policy: str = "round_robin"
 
 
+def serving_port(tier: str, cluster: Cluster) -> int:
+    """The port a cluster's replicas serve on: its first endpoint's, else the tier's default."""
+    return cluster.endpoints[0].port if cluster.endpoints else DEFAULT_TIER_PORTS[tier]
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """gRPC retries (gRFC A44): only before the first response message is committed."""

@@ -20,7 +20,7 @@ from mesh.cli import DEFAULT_TOPOLOGY
 from mesh.k8s import manifests
 from mesh.resources import CLUSTER, ENDPOINT, ENVOY, LISTENER, PROXYLESS, ROUTE, build_resources
 from mesh.snapshot import InconsistentSnapshot, Snapshot, SnapshotCache
-from mesh.topology import dump_yaml, local_topology
+from mesh.topology import Cluster, Endpoint, dump_yaml, local_topology, serving_port
 from mesh.topology_file import TopologyError, load_topology, parse_topology
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -229,3 +229,16 @@ def test_mesh_never_imports_torch_the_tiers_or_the_router() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("tier", "endpoints", "port"),
+    [
+        ("small", (Endpoint("10.0.0.5", 7000),), 7000),  # its replicas' port
+        ("small", (), 50061),  # none listed (Kubernetes finds the pods): the tier's default
+        ("medium", (), 50062),
+        ("large", (), 50063),
+    ],
+)
+def test_a_clusters_serving_port(tier: str, endpoints: tuple[Endpoint, ...], port: int) -> None:
+    assert serving_port(tier, Cluster(f"{tier}-v1", endpoints)) == port
