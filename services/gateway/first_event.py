@@ -8,8 +8,8 @@ Knows GatewayError; no ASGI and no API's format (the caller says what its error 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from typing import Generic, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import TypeVar
 
 from services.gateway.errors import GatewayError
 
@@ -27,24 +27,15 @@ async def first_event(
         first = await anext(events)
     except StopAsyncIteration:
         raise RuntimeError("the stream ended before its first event") from None
-    return first, _EventsAfterFirst(events, failure)
+    return first, _after_first(events, failure)
 
 
-class _EventsAfterFirst(Generic[T]):
+async def _after_first(
+    events: AsyncIterator[T], failure: Callable[[GatewayError], T]
+) -> AsyncGenerator[T, None]:
     """The events after the first; a GatewayError among them ends them as `failure(error)`."""
-
-    def __init__(self, events: AsyncIterator[T], failure: Callable[[GatewayError], T]) -> None:
-        self._events = events
-        self._failure: Callable[[GatewayError], T] | None = failure
-
-    def __aiter__(self) -> _EventsAfterFirst[T]:
-        return self
-
-    async def __anext__(self) -> T:
-        if self._failure is None:  # the failure was the last event
-            raise StopAsyncIteration
-        try:
-            return await anext(self._events)
-        except GatewayError as e:
-            failure, self._failure = self._failure, None
-            return failure(e)
+    try:
+        async for event in events:
+            yield event
+    except GatewayError as e:
+        yield failure(e)
