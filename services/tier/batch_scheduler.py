@@ -34,6 +34,7 @@ from services.tier.kv_pool import KvCachePool
 from services.tier.model_loading import LoadedModel
 from services.tier.pooled_models import PooledPasses
 from services.tier.prepared_request import PreparedRequest
+from services.tier.queue_order import INTERACTIVE, RANK
 from services.tier.step_planner import (
     RowStatus,
     RunningRow,
@@ -77,7 +78,11 @@ class ScheduledRequest:
     def waiting(self) -> WaitingRequest:
         """This request as the step planner sees it before its prefill."""
         return WaitingRequest(
-            self.slot, len(self.prepared.prompt_ids), self.prepared.request_id, self.stop.is_set()
+            self.slot,
+            len(self.prepared.prompt_ids),
+            self.prepared.request_id,
+            self.stop.is_set(),
+            RANK.get(self.prepared.priority, RANK[INTERACTIVE]),
         )
 
     def row(self) -> RunningRow:

@@ -49,6 +49,7 @@ class PreparedRequest:
     continued: tuple[int, ...] = ()
     continued_chars: int = 0  # characters of the continued tokens' text the caller has
     continued_logprobs: tuple[float, ...] = ()  # one per continued token, or () = not known
+    priority: str = "interactive"  # critical, interactive or batch: the order of prefills
 
     @property
     def rendered_prompt_ids(self) -> tuple[int, ...]:
@@ -126,6 +127,7 @@ def prepare_request(
         continued_logprobs=request.continue_logprobs
         if len(request.continue_logprobs) == len(continued)
         else (),
+        priority=request.priority,
     )
 
 

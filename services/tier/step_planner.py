@@ -9,7 +9,9 @@ A step runs prefill passes, then one decode pass:
 1. Rows whose stream ended (finished or failed) free their slots, at every plan. At the step's
    start, rows their caller stopped leave (their stream is closed, their slot freed); a row
    stopped later in the step decodes once more and leaves at the next step's start.
-2. The requests waiting then, in arrival order, are taken while the step's prefill budget lasts:
+2. The requests waiting then, by priority (a critical request before an interactive one, an
+   interactive one before batch: each one's `rank`) and within a priority in arrival order, are
+   taken while the step's prefill budget lasts:
    a request is taken while the prompt tokens taken before it in this step are under the budget,
    so at least one is taken and the step goes at most one prompt past the budget. Those taken
    are prefilled together in one forward pass (any stopped meanwhile are dropped instead; their
@@ -44,6 +46,7 @@ class WaitingRequest:
     prompt_tokens: int  # its prompt's length: what its prefill costs the step's budget
     request_id: str = ""  # for observers and logs; never used to decide
     stopped: bool = False  # its caller stopped it before its prefill
+    rank: int = 1  # its priority's place (queue_order.RANK): lower is prefilled first
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,8 @@ def plan_step(state: SchedulerState) -> StepPlan:
     evict = () if progress.after_prefill else _with(state.running, RowStatus.STOPPED)
     left = {row.slot for row in (*free, *evict)}
     rows = tuple(r for r in state.running if r.slot not in left)
-    group = take_within_budget(state.waiting, state.budget - progress.prompt_tokens)
+    by_priority = tuple(sorted(state.waiting, key=lambda w: w.rank))  # stable: arrival order
+    group = take_within_budget(by_priority, state.budget - progress.prompt_tokens)
     if group:
         taken = progress.prompt_tokens + sum(w.prompt_tokens for w in group)
         return StepPlan(

@@ -23,9 +23,12 @@ from services.tier.step_planner import (
 DECODING, STOPPED, ENDED = RowStatus.DECODING, RowStatus.STOPPED, RowStatus.ENDED
 
 
-def waiting(name: str, tokens: int, stopped: bool = False) -> WaitingRequest:
-    """A waiting request named by one letter (its slot follows from the letter)."""
-    return WaitingRequest(slot=ord(name), prompt_tokens=tokens, request_id=name, stopped=stopped)
+def waiting(name: str, tokens: int, stopped: bool = False, rank: int = 1) -> WaitingRequest:
+    """A waiting request named by one letter (its slot follows from the letter); rank 0 is a
+    critical request, 1 interactive, 2 batch."""
+    return WaitingRequest(
+        slot=ord(name), prompt_tokens=tokens, request_id=name, stopped=stopped, rank=rank
+    )
 
 
 def row(name: str, status: RowStatus = DECODING) -> RunningRow:
@@ -184,6 +187,29 @@ SCENARIOS = [
         budget=10,
         waiting=(waiting("a", 4), waiting("b", 4, stopped=True), waiting("c", 4), waiting("d", 1)),
         left="d",
+    ),
+    Scenario(
+        "a critical request is prefilled before the interactive and batch ones that came first",
+        ("prefill c a", "decode x c a"),
+        budget=10,
+        waiting=(waiting("a", 4), waiting("b", 4, rank=2), waiting("c", 8, rank=0)),
+        running=(row("x"),),
+        left="b",
+    ),
+    Scenario(
+        "a critical request arriving during a prefill pass goes first in the next pass",
+        ("prefill a", "prefill d b", "decode a d b"),
+        budget=20,
+        waiting=(waiting("a", 4),),
+        arrivals=((waiting("b", 4, rank=2), waiting("d", 4, rank=0)),),
+    ),
+    Scenario(
+        "batch requests wait behind interactive ones that arrived after them",
+        ("prefill b", "decode x b"),
+        budget=5,
+        waiting=(waiting("a", 4, rank=2), waiting("b", 6)),
+        running=(row("x"),),
+        left="a",
     ),
     Scenario(
         "past the budget with nothing to decode, the step ends: the rest wait for the next",
