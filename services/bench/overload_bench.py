@@ -65,6 +65,33 @@ KEYS_NOTE = (
 )
 
 
+def parse_priority_mix(text: str) -> dict[str, float]:
+    """`--priority-mix interactive=0.2,batch=0.75,critical=0.05`: each priority's share of the
+    overload's chats (normalised to 1; a priority left out sends none). ValueError naming what
+    is wrong."""
+    mix: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, share = part.partition("=")
+        name = name.strip()
+        if name not in PRIORITY_MIX:
+            raise ValueError(
+                f"--priority-mix: {name!r} is not a priority ({', '.join(PRIORITY_MIX)})"
+            )
+        if name in mix:
+            raise ValueError(f"--priority-mix: {name} given twice")
+        try:
+            value = float(share)
+        except ValueError:
+            raise ValueError(f"--priority-mix: {name}={share!r} is not a number") from None
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"--priority-mix: {name}={share} must be a share >= 0")
+        mix[name] = value
+    total = sum(mix.values())
+    if total <= 0:
+        raise ValueError(f"--priority-mix: {text!r} gives no priority a share above 0")
+    return {name: round(value / total, 6) for name, value in mix.items() if value > 0}
+
+
 def priority_of(seed: int, mix: Mapping[str, float] = PRIORITY_MIX) -> Callable[[int], str]:
     """The priority of request i: drawn by the mix from a generator seeded by (seed, i), so it
     is the same in every run whatever else changes."""
@@ -216,16 +243,17 @@ async def run_overload(
     progress: Callable[[str], None] | None = None,
     keys: BenchKeys | None = None,
     priority: str | None = None,
+    priority_mix: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The three phases; returns the report object. With `keys` (the mesh enforces them) the
     overload's chats are sent under them by their rates, else with no key; with `priority`
-    every overload chat has it, else PRIORITY_MIX draws each one's."""
+    every overload chat has it, else `priority_mix` (default PRIORITY_MIX) draws each one's."""
     if load_x <= 0 or duration_s <= 0 or capacity_s <= 0 or unloaded_s <= 0:
         raise BenchError("--load, --duration, --capacity-s and --unloaded-s must be > 0")
     say = progress or (lambda _text: None)
     sequence = RequestSequence(TRAFFIC_MIX, seed)
     hybrid = CONFIGURATIONS["hybrid"]
-    mix = {priority: 1.0} if priority else dict(PRIORITY_MIX)
+    mix = {priority: 1.0} if priority else dict(priority_mix or PRIORITY_MIX)
     async with contextlib.AsyncExitStack() as stack:
         clients: dict[str, AsyncRouterClient] = {}
         for name in keys.rates if keys is not None else ("",):

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from services.bench.hybrid_bench import BenchError, LoadOptions
-from services.bench.overload_bench import PRIORITY_MIX, run_overload
+from services.bench.overload_bench import PRIORITY_MIX, parse_priority_mix, run_overload
 from services.bench.overload_keys import bench_keys
 from services.bench.overload_report import table_rows
 from services.common.errors import ConfigError
@@ -66,6 +66,12 @@ def add_overload_options(bench: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--priority", choices=tuple(PRIORITY_MIX), help="every overload chat at this priority"
     )
+    group.add_argument(
+        "--priority-mix",
+        metavar="P=S,...",
+        help="the overload's priorities by share, e.g. interactive=0.6,batch=0.3,critical=0.1 "
+        "(default: " + ",".join(f"{k}={v:g}" for k, v in PRIORITY_MIX.items()) + ")",
+    )
 
 
 def print_report(report: Mapping[str, Any], console: Console) -> None:
@@ -110,6 +116,9 @@ def run_overload_command(
     try:
         if args.load is None:
             raise BenchError("--scenario overload needs --load X (times the measured capacity)")
+        if args.priority and args.priority_mix:
+            raise BenchError("--priority and --priority-mix: give one")
+        mix = parse_priority_mix(args.priority_mix) if args.priority_mix else None
         with contextlib.ExitStack() as stack:
             keys = None
             if args.router is None and args.keys != 0:  # a running mesh's keys are not ours
@@ -128,6 +137,7 @@ def run_overload_command(
                     progress=functools.partial(console.print, style="dim"),
                     keys=keys,
                     priority=args.priority,
+                    priority_mix=mix,
                 )
             )
     except (BenchError, ConfigError, ValueError) as e:

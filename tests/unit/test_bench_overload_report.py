@@ -14,6 +14,7 @@ from services.bench.overload_bench import (
     answered_rate,
     capacity_of,
     next_rate,
+    parse_priority_mix,
     priority_of,
     unloaded_stride,
 )
@@ -130,6 +131,37 @@ def test_priorities_are_seeded_per_request_and_follow_the_mix() -> None:
     assert shares["interactive"] == pytest.approx(0.6, abs=0.03)
     assert shares["batch"] == pytest.approx(0.3, abs=0.03)
     assert shares["critical"] == pytest.approx(0.1, abs=0.02)
+
+
+@pytest.mark.parametrize(
+    ("text", "mix"),
+    [
+        (
+            "interactive=0.6,batch=0.3,critical=0.1",
+            {"interactive": 0.6, "batch": 0.3, "critical": 0.1},
+        ),
+        ("interactive=2, batch=6", {"interactive": 0.25, "batch": 0.75}),  # normalised
+        ("critical=1,batch=0", {"critical": 1.0}),  # a share of 0 sends none
+    ],
+)
+def test_a_priority_mix_is_parsed_and_normalised(text: str, mix: dict[str, float]) -> None:
+    assert parse_priority_mix(text) == pytest.approx(mix)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("urgent=1", "'urgent' is not a priority"),
+        ("batch=1,batch=2", "batch given twice"),
+        ("batch=lots", "'lots' is not a number"),
+        ("batch=-1", "must be a share >= 0"),
+        ("batch=0", "gives no priority a share above 0"),
+        ("", "gives no priority a share above 0"),
+    ],
+)
+def test_a_bad_priority_mix_says_what_is_wrong(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_priority_mix(text)
 
 
 def test_the_ramp_doubles_then_halves_the_gap() -> None:
