@@ -41,6 +41,7 @@ class TierCallEnded:
     endpoint: str = ""  # the replica of the tier the call went to (its address)
     model: str = ""  # the model that answered, "<tier>/<model>", when the tier finished
     reason: str = ""  # the ErrorInfo reason of the tier's failure, when it gave one
+    priority: str = "interactive"  # the chat's (a refused batch call says nothing for others)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ nothing of gRPC. Implementations: `interim_heuristic` (here), `keyword`, `thresh
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -46,6 +46,8 @@ class TierLoad:
     # refuses at once past that (0: not reported)
     expected_wait_ms: float = 0.0
     max_wait_ms: float = 0.0
+    queued_batch: int = 0  # of `queued`, batch requests: the others go before them
+    refusing_batch: bool = False  # it refused a batch call since this report (full for batch)
 
     @property
     def wait_too_long(self) -> bool:
@@ -58,6 +60,18 @@ class TierLoad:
         queues for, or it refused one at this load."""
         full = self.queued >= self.max_queued and self.running >= self.max_running
         return self.refusing or full or self.wait_too_long
+
+    def seen_by(self, priority: str) -> TierLoad:
+        """This load as a chat of `priority` meets it at the tier's queue: a batch chat waits
+        behind everyone and reads the tier full after a batch refusal too; an interactive or
+        critical chat waits behind no batch request (and takes one's place at a full queue), so
+        the batch requests queued do not count for it (the reported expected wait is already an
+        interactive request's)."""
+        if priority == "batch":
+            return replace(self, refusing=True) if self.refusing_batch else self
+        if not self.queued_batch:
+            return self
+        return replace(self, queued=self.queued - self.queued_batch, queued_batch=0)
 
     def after_calls(self, change: int) -> TierLoad:
         """This load as it stands after `change` more calls (fewer, if negative) than at the
@@ -80,6 +94,24 @@ class TierLoad:
 
 
 Loads = Mapping[str, TierLoad | None]  # tier name -> last known load (None: unknown)
+
+
+class LoadsSeenBy(Mapping[str, "TierLoad | None"]):
+    """`loads` as a chat of `priority` meets them (TierLoad.seen_by), read when asked."""
+
+    def __init__(self, loads: Loads, priority: str) -> None:
+        self._loads = loads
+        self._priority = priority
+
+    def __getitem__(self, tier: str) -> TierLoad | None:
+        load = self._loads[tier]
+        return None if load is None else load.seen_by(self._priority)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loads)
+
+    def __len__(self) -> int:
+        return len(self._loads)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from services.router.fair_share import FairShare
 from services.router.fallback import TiersLoading
 from services.router.learning import AnswersAgree, RoutingLessons
 from services.router.overload import INTERACTIVE, inflight_limit, priority_allowed
-from services.router.policy import Loads, RouteChoice, RoutingInput, RoutingPolicy
+from services.router.policy import Loads, LoadsSeenBy, RouteChoice, RoutingInput, RoutingPolicy
 from services.router.tier_calls import TierClient
 from services.router.tier_health import TierHealth
 from services.security.api_key_auth import current_api_key
@@ -93,14 +93,15 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             raise PermissionDenied(
                 f"priority: this API key may ask for {ceiling} at most, not {chat.priority}"
             )
+        loads = LoadsSeenBy(self._loads, chat.priority)  # batch queued counts for batch alone
         choice = None
         if route_now or chat.mode == router_pb2.MODE_ROUTED or chat.gate == ESCALATE:
-            choice = self._policy.route(chat.routing_input, self._loads)
+            choice = self._policy.route(chat.routing_input, loads)
         loading = self._health.loading if wait_for_loading else None
         caller, weight = _caller(), key.weight if key is not None else 1.0
         over = self._fair.over_share(caller, chat.priority, weight)
         return plan_chat(
-            chat, self._config, self._loads, self._down, choice, loading, time_remaining_s, over
+            chat, self._config, loads, self._down, choice, loading, time_remaining_s, over
         )
 
     async def _plan_when_serving(

@@ -62,6 +62,7 @@ class CallState:
     tier: str
     request_id: str
     timeout_s: float | None
+    priority: str = "interactive"  # the chat's: interactive, batch or critical
     endpoint: str = ""  # the replica it went to, once the driver opened it
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
@@ -135,7 +136,15 @@ def ended_event(call: CallState) -> TierCallEnded:
     elif call.finish_reason:
         code, message = "OK", ""
     return TierCallEnded(
-        call.tier, call.request_id, code, message, call.usage, call.endpoint, call.model, reason
+        call.tier,
+        call.request_id,
+        code,
+        message,
+        call.usage,
+        call.endpoint,
+        call.model,
+        reason,
+        call.priority,
     )
 
 

@@ -419,7 +419,7 @@ class SessionCore:
     ) -> CallState:
         """A new call on `tier` (with `broken`, one continuing its answer), announced in `out`."""
         request_id = self._call_id(self.plan.request_id, tier)
-        call = CallState(len(self.calls), tier, request_id, timeout_s)
+        call = CallState(len(self.calls), tier, request_id, timeout_s, self.plan.priority)
         continuation = call.continue_from(broken) if broken is not None else None
         self.calls.append(call)
         out.append(OpenCall(call.id, TierCallOpening(tier, request_id), timeout_s, continuation))

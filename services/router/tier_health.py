@@ -19,6 +19,7 @@ from typing import Protocol
 from services.common.errors import WAIT_PAST_DEADLINE
 from services.router.chat_events import SessionEvent, TierCallEnded
 from services.router.outlier import OutlierDetector
+from services.router.overload import BATCH
 from services.router.policy import TierLoad
 
 log = logging.getLogger(__name__)
@@ -31,8 +32,9 @@ class ReplicaReports(Protocol):
 
     def endpoint_load(self, endpoint: str) -> TierLoad | None: ...
 
-    def note_refusal(self, endpoint: str) -> None:
-        """A call to the replica was refused for overload (RESOURCE_EXHAUSTED)."""
+    def note_refusal(self, endpoint: str, batch_only: bool = False) -> None:
+        """A call to the replica was refused for overload (RESOURCE_EXHAUSTED); `batch_only`:
+        the call was a batch chat's."""
 
     def endpoint_loading(self, endpoint: str) -> bool:
         """Whether the replica is up but still loading its model (will serve soon)."""
@@ -51,7 +53,7 @@ class NoReports:
     def endpoint_load(self, endpoint: str) -> TierLoad | None:
         return None
 
-    def note_refusal(self, endpoint: str) -> None:
+    def note_refusal(self, endpoint: str, batch_only: bool = False) -> None:
         return None
 
     def endpoint_loading(self, endpoint: str) -> bool:
@@ -152,7 +154,7 @@ class TierHealth:
         endpoint = event.endpoint or event.tier
         # a refusal only for the caller's short deadline says nothing of room for others
         if event.code == "RESOURCE_EXHAUSTED" and event.reason != WAIT_PAST_DEADLINE:
-            self._reports.note_refusal(endpoint)
+            self._reports.note_refusal(endpoint, batch_only=event.priority == BATCH)
         if self._outliers is None:
             return
         now = self._clock()

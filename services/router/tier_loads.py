@@ -53,6 +53,7 @@ def load_from_status(status: tier_pb2.TierStatus) -> TierLoad:
         kv_pool_capacity_tokens=status.kv_pool_capacity_tokens,
         expected_wait_ms=status.expected_wait_ms,
         max_wait_ms=status.max_wait_ms,
+        queued_batch=min(status.queued_batch, status.queued),
     )
 
 
@@ -98,6 +99,7 @@ class TierLoadWatcher:
             endpoints, "has not reported its load yet"
         )
         self._refused: dict[str, TierLoad] = {}  # endpoint -> the report it refused under
+        self._refused_batch: dict[str, TierLoad] = {}  # ... a batch call, the others not yet
         # calls this router started on the replica since its last report, less those ended
         self._calls_since_report: dict[str, int] = dict.fromkeys(endpoints, 0)
         self._health: dict[str, str] = {}  # endpoint -> last health status name
@@ -173,12 +175,15 @@ class TierLoadWatcher:
         if load is None:
             return None
         refusing = self._refused.get(endpoint) is load
+        refusing_batch = self._refused_batch.get(endpoint) is load
         # never below the report: a call started just before it may not have reached the tier
         # by then, and it would be counted out when it ends without ever having been counted in
         change = self._calls_since_report.get(endpoint, 0)
         if change > 0:
             load = load.after_calls(change)
-        return replace(load, refusing=True) if refusing else load
+        if refusing or refusing_batch:
+            load = replace(load, refusing=refusing, refusing_batch=refusing_batch)
+        return load
 
     def track_call(self, endpoint: str, call: grpc.aio.Call) -> None:
         """A call to the replica started now: it counts toward the replica's load until it ends
@@ -191,12 +196,13 @@ class TierLoadWatcher:
     def _call_ended(self, endpoint: str) -> None:
         self._calls_since_report[endpoint] -= 1
 
-    def note_refusal(self, endpoint: str) -> None:
+    def note_refusal(self, endpoint: str, batch_only: bool = False) -> None:
         """A call to the replica was refused for overload: it reads as full until its next
-        load report."""
+        load report; for batch chats only when the refused call was a batch one (the tier's
+        queue takes the others before batch)."""
         load = self.reported.get(endpoint)
         if load is not None:
-            self._refused[endpoint] = load
+            (self._refused_batch if batch_only else self._refused)[endpoint] = load
 
     async def _watch(self, endpoint: str) -> None:
         request = tier_pb2.WatchLoadRequest(interval_ms=self._interval_ms)
@@ -213,6 +219,7 @@ class TierLoadWatcher:
                         self._pulse()
                     self._calls_since_report[endpoint] = 0
                     self._refused.pop(endpoint, None)
+                    self._refused_batch.pop(endpoint, None)
                     self._reported_at[endpoint] = time.monotonic()
                     self._load_error[endpoint] = None
                     self._heard[endpoint].set()

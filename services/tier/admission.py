@@ -32,7 +32,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from services.common.errors import AT_CAPACITY, WAIT_PAST_DEADLINE, Overloaded
-from services.tier.queue_order import CRITICAL, INTERACTIVE, ahead_of, next_to_start, to_displace
+from services.tier.queue_order import (
+    BATCH,
+    CRITICAL,
+    INTERACTIVE,
+    ahead_of,
+    next_to_start,
+    to_displace,
+)
 
 MAX_WAIT_S = 5.0  # the longest a request without a shorter deadline is expected to wait
 LATE_FACTOR = 2.0  # a queued request is refused after this many times its budget (backstop)
@@ -99,6 +106,11 @@ class Admission:
         self._last_release = 0.0  # when a slot was last released
         self._waiting_since = 0.0  # when the queue last went from empty to waiting
         self._waiters: list[_Waiter] = []  # in arrival order
+
+    @property
+    def queued_batch(self) -> int:
+        """How many of the waiting requests are batch: the others go before them."""
+        return sum(1 for w in self._waiters if w.priority == BATCH)
 
     def _per_handover_s(self) -> float:
         """The time between slot hand-overs: measured, or until then the mean hold time over the

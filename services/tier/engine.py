@@ -154,6 +154,7 @@ class EngineLoad:
     engine_running: int = 0
     engine_waiting: int = 0
     prefix_cache_hit_rate: float = 0.0
+    queued_batch: int = 0  # of `queued`, batch requests (those of a higher priority go first)
 
 
 class Engine(Protocol):

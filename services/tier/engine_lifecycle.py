@@ -261,6 +261,7 @@ class EngineLifecycle(ABC):
             engine_running=footprint.engine_running,
             engine_waiting=footprint.engine_waiting,
             prefix_cache_hit_rate=footprint.prefix_cache_hit_rate,
+            queued_batch=self._admission.queued_batch,
         )
 
     async def shutdown(self) -> None:

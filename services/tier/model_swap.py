@@ -134,15 +134,17 @@ class EngineSwitch:
         counted as running or queued, and completions and refusals counted since start."""
         load = self._current.engine.load()
         completed, rejected = self._counted_before
-        running, queued = load.running, load.queued
+        running, queued, queued_batch = load.running, load.queued, load.queued_batch
         for serving in self._retiring:
             old = serving.engine.load()
             running, queued = running + old.running, queued + old.queued
+            queued_batch += old.queued_batch
             completed, rejected = completed + old.completed, rejected + old.rejected
         return replace(
             load,
             running=running,
             queued=queued,
+            queued_batch=queued_batch,
             completed=load.completed + completed,
             rejected=load.rejected + rejected,
         )

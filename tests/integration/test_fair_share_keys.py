@@ -28,7 +28,7 @@ COMPLEX = (
     "I have coupon SAVE10. How much will I pay in total?"
 )
 ECHO = {"engine": "echo", "echo_ttft_ms": 1.0, "echo_tokens_per_s": 20.0, "max_queued": 0}
-SLOTS = {"small": 2, "medium": 1, "large": 1}
+SLOTS = {"small": 2, "medium": 4, "large": 5}
 ROUTER_ID = "spiffe://tiermesh/router"
 
 
@@ -113,15 +113,16 @@ async def test_the_key_over_its_share_is_refused_and_the_other_steps_down(
     mesh: KeyedMesh,
 ) -> None:
     async with mesh.client(mesh.hog) as hog, mesh.client(mesh.calm) as calm:
-        holders = [await _holding(hog, "medium"), await _holding(hog, "large")]
+        holders = [await _holding(hog, tier) for tier in ("medium",) * 4 + ("large",) * 5]
         await mesh.until_full("medium")
         await mesh.until_full("large")
-        # a key alone (hog: 2 chats in flight, nobody else) has the whole mesh: it steps down
+        # a key alone (hog: 9 chats in flight, nobody else) has the whole mesh: it steps down
         alone = await hog.chat(COMPLEX, max_tokens=3)
-        holders.append(await _holding(calm, "small"))  # now hog 2, calm 1 in flight
+        holders.append(await _holding(calm, "small"))  # now hog 9, calm 1 in flight
         with pytest.raises(ChatError) as refused:
-            await hog.chat(COMPLEX, max_tokens=3)  # 3 of 4 > its half
-        answered = await calm.chat(COMPLEX, max_tokens=3)  # 2 of 4: its half
+            # 10 of 11: past its part (5.5) and chance's allowance (2 x 1.66 + 1)
+            await hog.chat(COMPLEX, max_tokens=3)
+        answered = await calm.chat(COMPLEX, max_tokens=3)  # 2 of 11: within its part
         for holder in holders:
             holder.cancel()
     route = alone.events[0]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from tiermesh.client import AsyncRouterClient, DeltaEvent
+from tiermesh.client import AsyncRouterClient, ChatError, DeltaEvent, RouteEvent
 from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
 from services.common.config import TierConfig, build_config
@@ -151,3 +151,56 @@ async def test_the_router_passes_each_chat_priority_to_the_tier_queue() -> None:
     finally:
         await mesh.stop()
     assert started == ["c1", "i1", "b1"]
+
+
+async def test_a_queue_full_of_batch_chats_is_room_for_an_interactive_one() -> None:
+    """The router reads the tier's queued batch chats (TierStatus.queued_batch) as no obstacle
+    to an interactive chat: routed to small while small's queue is full of batch chats, it stays
+    on small (no step to another tier), takes the newest batch chat's place and starts first."""
+    mesh = await start_mesh(
+        Path("unused"),
+        tier_options={**SLOW, "max_queued": 2},
+        router_options={"load_watch_interval_ms": 50},
+    )
+    started: list[str] = []
+    pinned = {"mode": "pinned", "tier": "small"}
+    try:
+        async with (
+            AsyncRouterClient(mesh.address) as client,
+            grpc.aio.insecure_channel(mesh.tiers["small"].address) as channel,
+        ):
+            stub = tier_pb2_grpc.TierServiceStub(channel)
+
+            async def run(name: str, **options: object) -> RouteEvent | None:
+                route = None
+                async for event in client.chat_stream(PROMPT, max_tokens=2, **options):
+                    if isinstance(event, RouteEvent):
+                        route = event
+                    if isinstance(event, DeltaEvent):
+                        started.append(name)
+                        return route
+                return route
+
+            async def hold() -> None:
+                async for _ in client.chat_stream(PROMPT, max_tokens=200, **pinned):
+                    pass
+
+            holder = asyncio.create_task(hold())
+            await _until(stub, lambda s: s.running == 1)
+            older = asyncio.create_task(run("b1", **pinned, priority="batch"))
+            await _until(stub, lambda s: s.queued_batch == 1)
+            newer = asyncio.create_task(run("b2", **pinned, priority="batch"))
+            await _until(stub, lambda s: (s.queued, s.queued_batch) == (2, 2))
+            await asyncio.sleep(0.2)  # the router's load watch has seen it (every 50 ms)
+            interactive = asyncio.create_task(run("i1", mode="routed"))
+            with pytest.raises(ChatError) as refused:
+                await newer
+            holder.cancel()
+            route = await interactive
+            await older
+    finally:
+        await mesh.stop()
+    assert refused.value.code == "RESOURCE_EXHAUSTED"
+    assert "its place in a full queue went to a interactive request" in refused.value.message
+    assert route is not None and (route.tiers, route.stepped_from) == (("small",), "")
+    assert started == ["i1", "b1"]

@@ -86,7 +86,7 @@ async def test_a_freed_slot_goes_to_critical_then_interactive_then_batch() -> No
     for priority in ("batch", "interactive", "critical"):  # arriving lowest first
         waiters.append(asyncio.create_task(run(priority)))
         await asyncio.sleep(0)
-    assert (admission.running, admission.queued) == (1, 3)
+    assert (admission.running, admission.queued, admission.queued_batch) == (1, 3, 1)
     # a newcomer is expected to wait behind its own priority and higher only
     assert admission.expected_wait_s("critical") < admission.expected_wait_s("batch")
     release.set()
@@ -111,11 +111,11 @@ async def test_at_a_full_queue_a_critical_request_takes_the_newest_batch_place()
     await asyncio.sleep(0)
     newer = asyncio.create_task(run("newer batch", "batch"))
     await asyncio.sleep(0)
-    assert admission.queued == 2
+    assert (admission.queued, admission.queued_batch) == (2, 2)
     critical = asyncio.create_task(run("critical", "critical"))
     with pytest.raises(Overloaded, match="its place in a full queue went to a critical request"):
         await newer
-    assert (admission.queued, admission.rejected) == (2, 1)
+    assert (admission.queued, admission.queued_batch, admission.rejected) == (2, 1, 1)
     # nobody of lower priority is left to give way: another batch request is refused itself
     with pytest.raises(Overloaded, match="queue full"):
         async with admission.slot(priority="batch"):

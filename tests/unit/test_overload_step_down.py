@@ -5,6 +5,7 @@ keeps a tier that serves); plain loads, no servers."""
 from __future__ import annotations
 
 from dataclasses import replace
+from unittest.mock import ANY
 
 import pytest
 from tiermesh.client.requests import PRIORITIES as PRIORITY_VALUES
@@ -23,7 +24,7 @@ from services.router.overload import (
     priority_allowed,
     step_for_load,
 )
-from services.router.policy import RouteChoice, TierLoad
+from services.router.policy import LoadsSeenBy, RouteChoice, TierLoad
 
 CONFIG = RouterConfig()
 SHED = replace(CONFIG, overload="shed")
@@ -206,6 +207,50 @@ def test_step_for_load(
     assert step_for_load(chosen, LOADS[loads], config, is_down, priority, budget_ms) == expected
 
 
+# large's queue is full of batch chats: an interactive one waits behind none of them (the tier's
+# expected wait, an interactive request's, is one hand-over) and takes one's place
+FULL_OF_BATCH = replace(FULL, queued_batch=8, expected_wait_ms=150.0)
+# large refused a batch call since its report, at 4 running and 2 batch queued
+REFUSED_BATCH = replace(SLOW, queued=2, queued_batch=2, expected_wait_ms=150.0, refusing_batch=True)
+
+
+@pytest.mark.parametrize(
+    ("large", "priority", "outcome"),
+    [
+        (FULL_OF_BATCH, "interactive", "stays"),
+        (FULL_OF_BATCH, "critical", "keeps"),
+        (FULL_OF_BATCH, "batch", "refused"),
+        (REFUSED_BATCH, "interactive", "stays"),
+        (REFUSED_BATCH, "batch", "refused"),
+        (FULL, "interactive", "steps down"),  # a queue full of interactive chats is full
+        (replace(FULL, queued_batch=2), "interactive", "steps down"),  # 6 of them: still late
+    ],
+)
+def test_batch_chats_queued_or_refused_count_only_for_batch(
+    large: TierLoad, priority: str, outcome: str
+) -> None:
+    loads = LoadsSeenBy({"small": IDLE, "medium": IDLE, "large": large}, priority)
+    try:
+        step = step_for_load("large", loads, CONFIG, lambda t: None, priority, 1000)
+    except TiersFull as e:
+        assert outcome == "refused", e
+        return
+    expected = {
+        "stays": None,
+        "keeps": Keep("large"),
+        "steps down": Step("medium", "large", ANY),
+    }[outcome]
+    assert step == expected
+
+
+def test_a_load_seen_by_each_priority() -> None:
+    assert FULL_OF_BATCH.seen_by("interactive") == replace(FULL_OF_BATCH, queued=0, queued_batch=0)
+    assert FULL_OF_BATCH.seen_by("batch") is FULL_OF_BATCH
+    assert REFUSED_BATCH.seen_by("batch").queue_full
+    assert not REFUSED_BATCH.seen_by("interactive").queue_full
+    assert FULL.seen_by("interactive") is FULL  # nothing batch: as reported
+
+
 def test_a_batch_chat_whose_tier_is_full_is_refused_at_once() -> None:
     with pytest.raises(TiersFull, match=r"batch chat refused: large full") as refused:
         step_for_load("large", LOADS["large full"], CONFIG, lambda t: None, "batch", None)
@@ -256,12 +301,18 @@ def shares(*inflight: tuple[str, int, float]) -> FairShare:
     [
         ((), "a", 1.0, False),  # nobody else: its whole part
         ((("a", 9, 1.0),), "a", 1.0, False),  # alone, however many
-        ((("a", 9, 1.0), ("b", 1, 1.0)), "a", 1.0, True),  # 10 of 11 against a part of 5.5
+        # part 5.5 of 11, allowance 5.5 + 2 x 1.66 + 1 = 9.8
+        ((("a", 9, 1.0), ("b", 1, 1.0)), "a", 1.0, True),  # 10 of 11: past it
+        ((("a", 8, 1.0), ("b", 2, 1.0)), "a", 1.0, False),  # 9 of 11: within it
         ((("a", 9, 1.0), ("b", 1, 1.0)), "b", 1.0, False),  # 2 of 11: under its part
-        ((("a", 5, 1.0), ("b", 5, 1.0)), "a", 1.0, True),  # 6 of 11 just past 5.5
-        ((("a", 4, 1.0), ("b", 6, 1.0)), "a", 1.0, False),  # 5 of 11 within 5.5
+        ((("a", 5, 1.0), ("b", 5, 1.0)), "a", 1.0, False),  # 6 of 11: chance, not unfairness
+        ((("a", 16, 1.0), ("b", 16, 1.0)), "a", 1.0, False),  # equal keys at load: never over
+        ((("a", 22, 1.0), ("b", 10, 1.0)), "a", 1.0, False),  # 23 of 33: 16.5 + 5.7 + 1 = 23.2
+        ((("a", 23, 1.0), ("b", 10, 1.0)), "a", 1.0, True),  # 24 of 34: past 17 + 5.8 + 1
+        ((("a", 45, 1.0), ("b", 5, 1.0)), "a", 1.0, True),  # a key at 10x the other's rate
         ((("a", 5, 3.0), ("b", 2, 1.0)), "a", 3.0, False),  # weight 3: 6 of 8 within 6
-        ((("a", 6, 3.0), ("b", 2, 1.0)), "a", 3.0, True),  # weight 3: 7 of 9 past 6.75
+        ((("a", 40, 3.0), ("b", 1, 1.0)), "a", 3.0, True),  # weight 3: 41 of 42 past 31.5 + 5.6 + 1
+        ((("a", 30, 3.0), ("b", 10, 1.0)), "b", 1.0, False),  # weight 1 of 4: 11 of 41 within 10.25
     ],
 )
 def test_a_keys_fair_share(

@@ -149,8 +149,8 @@ class Reports:
     def endpoint_load(self, endpoint: str) -> TierLoad | None:
         return None if endpoint in self.downs else self.loads.get(endpoint)
 
-    def note_refusal(self, endpoint: str) -> None:
-        self.refusals.append(endpoint)
+    def note_refusal(self, endpoint: str, batch_only: bool = False) -> None:
+        self.refusals.append(f"{endpoint} (batch)" if batch_only else endpoint)
 
 
 def busy(running: int) -> TierLoad:
@@ -209,7 +209,11 @@ def test_a_refusal_for_overload_is_told_to_the_replica_s_reports_and_ejects_noth
     for _ in range(3):
         health.observe(TierCallEnded("small", "r/small/1", "RESOURCE_EXHAUSTED", endpoint="a"))
     health.observe(TierCallEnded("small", "r/small/2", "UNAVAILABLE", endpoint="b"))
-    assert reports.refusals == ["a", "a", "a"]
+    refused_batch = TierCallEnded(
+        "small", "r/small/3", "RESOURCE_EXHAUSTED", endpoint="b", priority="batch"
+    )
+    health.observe(refused_batch)  # the tier's queue takes the others first: batch alone
+    assert reports.refusals == ["a", "a", "a", "b (batch)"]
     assert health.endpoint_down("a") is None
 
 
