@@ -2,8 +2,9 @@
 cannot start it within its budget (full, refusing, past its TTFT SLO, or expecting a wait for a
 slot longer than the chat's budget) goes to the next smaller tier that can, else the next larger
 one. The chat's priority decides who moves: interactive chats step down; batch chats keep their
-tier (queued there) and are refused first when it is full; critical chats keep their tier while
-it serves, even when it reads full (its queue takes them first), whatever `overload` says.
+tier (queued there) and are refused first when it is full or people's chats wait there; critical
+chats keep their tier while it serves, even when it reads full (its queue takes them first),
+whatever `overload` says.
 
 Pure decision logic over TierLoad snapshots and a `down` question; knows nothing of gRPC. A tier
 that is down is not this module's business: the fallback chain (fallback.py) handles it.
@@ -85,6 +86,16 @@ def step_for_load(
     load = loads.get(chosen)
     if load is None or not load.serving:
         return None
+    people = load.queued - load.queued_batch
+    if priority == BATCH and people > 0:
+        # the tier queues no batch request behind them (its queue_order.may_queue); a slot
+        # free while they wait is one kept for critical requests
+        retry_s = max(MIN_RETRY_S, retry_wait_s(load))
+        raise TiersFull(
+            f"batch chat refused: {chosen} has {people} interactive or critical requests "
+            f"waiting ({load.running} running)",
+            retry_after_s=retry_s,
+        )
     why = late(chosen, load, config, budget_ms)
     if why is None:
         return None

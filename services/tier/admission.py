@@ -37,6 +37,7 @@ from services.tier.queue_order import (
     CRITICAL,
     INTERACTIVE,
     ahead_of,
+    may_queue,
     next_to_start,
     to_displace,
 )
@@ -180,6 +181,10 @@ class Admission:
         DEADLINE_SHARE of the deadline, or when a request of a higher priority takes its place.
         """
         budget = self.max_wait_s if deadline_s is None else min(deadline_s, self.max_wait_s)
+        waiting = [w.priority for w in self._waiters]
+        if not may_queue(priority, waiting):  # batch, with people waiting: it would be passed over
+            people = len(waiting) - self.queued_batch
+            raise self._refuse(f"{people} requests of a higher priority wait", priority=priority)
         if self.running + self.queued >= self.max_running + self.max_queued:
             index = to_displace(priority, [w.priority for w in self._waiters])
             if index is None:

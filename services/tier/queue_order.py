@@ -3,6 +3,9 @@ behind, and whose place a newcomer takes at a full queue. Pure functions over th
 requests' priorities in arrival order; admission.py does the waiting.
 
 Critical starts before interactive, interactive before batch; within a priority, arrival order.
+A batch request does not join a queue where a request of a higher priority already waits: it
+would be passed over for as long as they keep coming, and then refused late (or its place taken);
+refused at once it can retry when the people have been served.
 """
 
 from __future__ import annotations
@@ -36,6 +39,12 @@ def next_to_start(waiting: Sequence[str]) -> int:
         raise ValueError("next_to_start: nobody is waiting")
     ranks = [_rank(p) for p in waiting]
     return ranks.index(min(ranks))
+
+
+def may_queue(priority: str, waiting: Sequence[str]) -> bool:
+    """Whether a newcomer of `priority` that finds no free slot may wait in the queue: always,
+    except a batch request while a critical or interactive request waits."""
+    return _rank(priority) < RANK[BATCH] or all(_rank(p) == RANK[BATCH] for p in waiting)
 
 
 def to_displace(priority: str, waiting: Sequence[str]) -> int | None:

@@ -116,8 +116,8 @@ async def test_at_a_full_queue_a_critical_request_takes_the_newest_batch_place()
     with pytest.raises(Overloaded, match="its place in a full queue went to a critical request"):
         await newer
     assert (admission.queued, admission.queued_batch, admission.rejected) == (2, 1, 1)
-    # nobody of lower priority is left to give way: another batch request is refused itself
-    with pytest.raises(Overloaded, match="queue full"):
+    # a critical request waits: another batch request is refused at once, not queued behind it
+    with pytest.raises(Overloaded, match="1 requests of a higher priority wait"):
         async with admission.slot(priority="batch"):
             pass
     release.set()

@@ -36,6 +36,11 @@ LOADS = {
     "large full": {"small": IDLE, "medium": IDLE, "large": FULL},
     "large and medium full": {"small": IDLE, "medium": FULL, "large": FULL},
     "large slow": {"small": IDLE, "medium": IDLE, "large": SLOW},
+    "large slow, batch queued": {
+        "small": IDLE,
+        "medium": IDLE,
+        "large": replace(SLOW, queued_batch=3),
+    },
     "small full": {"small": FULL, "medium": IDLE, "large": IDLE},
     "small refusing": {"small": REFUSING, "medium": IDLE, "large": IDLE},
     "all full": {"small": FULL, "medium": FULL, "large": FULL},
@@ -182,7 +187,16 @@ SCENARIOS = [
         1000,
         None,
     ),
-    ("batch keeps a slow tier (queued)", CONFIG, "large", "large slow", (), "batch", None, None),
+    (
+        "batch keeps a slow tier where only batch waits (queued)",
+        CONFIG,
+        "large",
+        "large slow, batch queued",
+        (),
+        "batch",
+        None,
+        None,
+    ),
     ("shed: no step", SHED, "large", "large full", (), "interactive", 1000, None),
 ]
 
@@ -252,9 +266,19 @@ def test_a_load_seen_by_each_priority() -> None:
 
 
 def test_a_batch_chat_whose_tier_is_full_is_refused_at_once() -> None:
+    full = {"large": replace(FULL, queued_batch=8)}
     with pytest.raises(TiersFull, match=r"batch chat refused: large full") as refused:
-        step_for_load("large", LOADS["large full"], CONFIG, lambda t: None, "batch", None)
+        step_for_load("large", full, CONFIG, lambda t: None, "batch", None)
     assert refused.value.retry_after_s == pytest.approx(2.5)  # the tier's expected wait
+
+
+def test_a_batch_chat_is_refused_at_once_where_people_wait() -> None:
+    """The tier would not queue it behind them (queue_order.may_queue): no call is made."""
+    why = r"batch chat refused: large has 3 interactive or critical requests waiting \(4 running\)"
+    with pytest.raises(TiersFull, match=why):
+        step_for_load("large", LOADS["large slow"], CONFIG, lambda t: None, "batch", None)
+    only_batch = {"large": replace(SLOW, queued_batch=3)}  # it waits in its turn behind them
+    assert step_for_load("large", only_batch, CONFIG, lambda t: None, "batch", None) is None
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.tier.queue_order import ahead_of, next_to_start, to_displace
+from services.tier.queue_order import ahead_of, may_queue, next_to_start, to_displace
 
 C, N, B = "critical", "interactive", "batch"  # N: normal
 
@@ -38,6 +38,22 @@ DISPLACE = [
     (C, [C, C], None),
     (B, [], None),
 ]
+
+
+# (newcomer, waiting) -> whether it may wait in the queue (no free slot for it)
+MAY_QUEUE = [
+    (B, [], True),
+    (B, [B, B], True),  # behind batch only: it will start in its turn
+    (B, [B, N], False),  # a person waits: batch would be passed over, refused at once
+    (B, [C], False),
+    (N, [B, N, C], True),  # interactive and critical always queue (within their budget)
+    (C, [C, C], True),
+]
+
+
+@pytest.mark.parametrize(("priority", "waiting", "expected"), MAY_QUEUE)
+def test_batch_queues_only_behind_batch(priority: str, waiting: list[str], expected: bool) -> None:
+    assert may_queue(priority, waiting) is expected
 
 
 @pytest.mark.parametrize(("waiting", "expected"), NEXT)
