@@ -77,6 +77,13 @@ def quality_vs_unloaded(
     return round(loaded_right / unloaded_right, 4), len(matched)
 
 
+def router_ttft_seconds(records: Iterable[RequestRecord]) -> list[float | None]:
+    """Each answered chat's time to first token as the router measured it (Final's timings:
+    from the router receiving the chat to its first delta), in seconds; what the client adds
+    on top is its own and the network's."""
+    return [r.server_timings["ttft_ms"] / 1000 for r in records if "ttft_ms" in r.server_timings]
+
+
 def chats_summary(
     records: Sequence[RequestRecord],
     unloaded: Mapping[int, RequestRecord],
@@ -94,6 +101,7 @@ def chats_summary(
         "quality_vs_unloaded": quality,
         "quality_matched": matched,
         "ttft_ms": ms_percentiles(r.ttft_s for r in answered),
+        "router_ttft_ms": ms_percentiles(router_ttft_seconds(answered)),
         "refused": dict(sorted(refused.items())),
         "errors": dict(sorted(Counter(r.status for r in records if not r.ok).items())),
     }
@@ -131,6 +139,7 @@ def overload_summary(
             "sent": len(unloaded),
             "answered": len(answered),
             "ttft_ms": latency(unloaded)["ttft_ms"],
+            "router_ttft_ms": ms_percentiles(router_ttft_seconds(answered)),
         },
         "per_key_share": per_key,
     }

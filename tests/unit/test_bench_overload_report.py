@@ -38,6 +38,7 @@ ITEMS = {
 def _answered(index: int, priority: str, ttft_s: float, text: str, **route: str) -> RequestRecord:
     record = RequestRecord(index, f"q{index}", "simple", 0.0, sent_at_s=1.0, priority=priority)
     record.ttft_s, record.final_s, record.finished_at_s, record.text = ttft_s, 0.5, 1.5, text
+    record.server_timings = {"ttft_ms": ttft_s * 1000 / 2}  # the router saw half of it
     record.routed_tier = route.get("tier", "small")
     record.stepped_from = route.get("stepped_from", "")
     return record
@@ -93,6 +94,7 @@ def test_summary_shares_quality_refusals_and_targets() -> None:
     # matched: 0 (1 vs 1), 1 (0 vs 1), 5 (1 vs 0): 2 right loaded over 2 right unloaded
     assert interactive["quality_vs_unloaded"] == 1.0 and interactive["quality_matched"] == 3
     assert interactive["ttft_ms"] == {"p50": 40.0, "p99": 50.0}
+    assert interactive["router_ttft_ms"] == {"p50": 20.0, "p99": 25.0}
     assert interactive["refused"] == {"OVERLOADED": 1}
     assert batch["sent"] == 3 and batch["answered_share"] == pytest.approx(0.3333)
     assert batch["refused"] == {"-": 1, "FAIR_SHARE": 1}
