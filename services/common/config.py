@@ -38,10 +38,11 @@ class TierConfig:
     weights_loading: str = "lazy"
     host: str = "127.0.0.1"
     port: int = 0  # 0 = any free port (tests)
-    max_running: int = 4  # requests decoding at once (= KV-cache pool slots when batching)
+    max_running: int = 4  # requests decoding at once (critical ones: up to running_slots)
     max_queued: int = 16  # admitted requests waiting for a slot; past it RESOURCE_EXHAUSTED
-    # share of max_running (rounded down) only critical requests may take, so one starts at once
-    # while interactive and batch fill the rest; 0 = none (the built-in tiers keep 0.1)
+    # running slots beyond max_running that only critical requests may take, as a share of
+    # max_running (rounded down), so one starts at once while interactive and batch fill
+    # max_running; 0 = none (the built-in tiers keep 0.25)
     critical_reserve: float = 0.0
     max_tokens: int = 256  # most tokens one request may generate
     max_prompt_tokens: int = 512  # longest rendered prompt accepted, in tokens
@@ -89,6 +90,17 @@ class TierConfig:
     quantization: str = ""
     # on CPU: GiB of memory for vLLM's KV cache (VLLM_CPU_KVCACHE_SPACE)
     cpu_kvcache_space_gib: float = 2.0
+
+    @property
+    def critical_slots(self) -> int:
+        """Running slots beyond max_running kept for critical requests."""
+        return int(self.max_running * self.critical_reserve)
+
+    @property
+    def running_slots(self) -> int:
+        """The most requests decoding at once: max_running, plus the critical slots (= the
+        KV-cache pool's slots when batching)."""
+        return self.max_running + self.critical_slots
 
     def validate(self) -> None:
         _require(self.name in TIER_NAMES, "name", f"must be one of {', '.join(TIER_NAMES)}")

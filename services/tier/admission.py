@@ -18,8 +18,9 @@ Priorities (queue_order.py): a freed slot goes to the waiting request of the hig
 (critical, then interactive, then batch), each priority in arrival order, and a request's
 expected wait counts only the requests it waits behind. At a full queue a request takes the
 place of the newest waiting request of a lower priority, which is refused instead: under
-pressure batch absorbs the refusals. A share of the running slots (`critical_reserve`) may be
-kept for critical requests, so one starts at once while the others fill the rest. Knows nothing of
+pressure batch absorbs the refusals. Running slots beyond `max_running` (`critical_reserve`, a
+share of it) may be kept for critical requests, so one starts at once while the others fill
+`max_running`. Knows nothing of
 models or gRPC. Not thread-safe: use from one event loop.
 """
 
@@ -88,14 +89,14 @@ class Admission:
         clock: Callable[[], float] = time.monotonic,
         critical_reserve: float = 0.0,
     ) -> None:
-        """`critical_reserve`: the share of `max_running` (rounded down) only critical
-        requests may take."""
+        """`critical_reserve`: running slots beyond `max_running` only critical requests may
+        take, as a share of `max_running` (rounded down)."""
         self.max_running = max_running
         self.max_queued = max_queued
         self.max_wait_s = max_wait_s
         self.running = 0
         self.queued = 0
-        self.reserve = int(max_running * critical_reserve)  # slots kept for critical requests
+        self.reserve = int(max_running * critical_reserve)  # extra slots for critical requests
         self._running_critical = 0
         self.rejected = 0
         self.late_refusals = 0  # refused after waiting in the queue (the estimate was wrong)
@@ -123,12 +124,13 @@ class Admission:
         return self.hold_s / self.max_running
 
     def _can_start(self, priority: str) -> bool:
-        """Whether a slot is free for a request of `priority`: any free slot for a critical
-        one, for the others only while they hold fewer than all but the reserved slots."""
-        if self.running >= self.max_running:
+        """Whether a slot is free for a request of `priority`: any of the max_running +
+        reserve slots for a critical one, for the others only while they hold fewer than
+        max_running."""
+        if self.running >= self.max_running + self.reserve:
             return False
         others = self.running - self._running_critical
-        return priority == CRITICAL or others < self.max_running - self.reserve
+        return priority == CRITICAL or others < self.max_running
 
     def _start(self, priority: str) -> None:
         self.running += 1
@@ -185,7 +187,7 @@ class Admission:
         if not may_queue(priority, waiting):  # batch, with people waiting: it would be passed over
             people = len(waiting) - self.queued_batch
             raise self._refuse(f"{people} requests of a higher priority wait", priority=priority)
-        if self.running + self.queued >= self.max_running + self.max_queued:
+        if self.queued >= self.max_queued and not self._can_start(priority):
             index = to_displace(priority, [w.priority for w in self._waiters])
             if index is None:
                 raise self._refuse("queue full", priority=priority)

@@ -15,7 +15,8 @@ A step runs prefill passes, then one decode pass:
    a request is taken while the prompt tokens taken before it in this step are under the budget,
    so at least one is taken and the step goes at most one prompt past the budget. Those taken
    are prefilled together in one forward pass (any stopped meanwhile are dropped instead; their
-   tokens count all the same).
+   tokens count all the same). Critical requests have a pass of their own: their first tokens
+   wait for no other prompt (the others follow in the next pass, within the same budget).
 3. After that pass the scheduler asks again, with the requests that arrived during it and the
    tokens taken so far: the budget is counted once for the whole step, across its passes. They
    are prefilled in another pass while the budget lasts, and so on.
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+
+CRITICAL_RANK = 0  # a critical request's rank (queue_order.RANK["critical"])
 
 
 class RowStatus(Enum):
@@ -99,6 +102,8 @@ def plan_step(state: SchedulerState) -> StepPlan:
     left = {row.slot for row in (*free, *evict)}
     rows = tuple(r for r in state.running if r.slot not in left)
     by_priority = tuple(sorted(state.waiting, key=lambda w: w.rank))  # stable: arrival order
+    if by_priority and by_priority[0].rank == CRITICAL_RANK:  # their pass carries them alone
+        by_priority = tuple(w for w in by_priority if w.rank == CRITICAL_RANK)
     group = take_within_budget(by_priority, state.budget - progress.prompt_tokens)
     if group:
         taken = progress.prompt_tokens + sum(w.prompt_tokens for w in group)

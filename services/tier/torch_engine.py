@@ -119,7 +119,7 @@ class TorchEngine(EngineLifecycle):
             self.startup_s["weight_layout"] = time.perf_counter() - started
             started = time.perf_counter()
             self._pool = await loop.run_in_executor(
-                self._torch_thread, passes.create_pool, loaded.model, cfg.max_running, max_len
+                self._torch_thread, passes.create_pool, loaded.model, cfg.running_slots, max_len
             )
             self.startup_s["kv_pool"] = time.perf_counter() - started
             self._scheduler = BatchScheduler(
@@ -139,14 +139,14 @@ class TorchEngine(EngineLifecycle):
                 "%.1f MB",
                 cfg.name,
                 passes.architecture,
-                cfg.max_running,
+                cfg.running_slots,
                 max_len,
                 self._pool.bytes / 1e6,
             )
         else:
             log.info("tier %s: one decode thread per request (%s)", cfg.name, passes)
             self._executor = ThreadPoolExecutor(
-                max_workers=cfg.max_running,
+                max_workers=cfg.running_slots,
                 thread_name_prefix=f"decode-{cfg.name}",
                 initializer=lower_this_thread,
                 initargs=(cfg.compute_nice,),
@@ -265,7 +265,7 @@ class TorchEngine(EngineLifecycle):
             capacity, used, peak = pool.capacity_tokens, pool.used_tokens, pool.peak_tokens
             pool_bytes = pool.bytes
         else:  # no pool: report the bound the per-request caches can reach
-            capacity = self._config.max_running * loaded.context_length
+            capacity = self._config.running_slots * loaded.context_length
             used, peak = sum(self._kv_used.values()), self._kv_peak
             pool_bytes = capacity * _kv_bytes_per_token(loaded)
         return ModelFootprint(

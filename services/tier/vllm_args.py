@@ -22,7 +22,8 @@ def engine_args(config: TierConfig) -> dict[str, Any]:
         "tensor_parallel_size": config.tensor_parallel_size,
         "pipeline_parallel_size": config.pipeline_parallel_size,
         "gpu_memory_utilization": config.gpu_memory_utilization,
-        "max_num_seqs": max_num_seqs(config),
+        # the tier's critical slots on top of what it admits others to (its Admission)
+        "max_num_seqs": max_num_seqs(config) + config.critical_slots,
         "enable_prefix_caching": config.enable_prefix_caching,
         "disable_log_stats": False,
     }

@@ -25,6 +25,7 @@ def test_overload_scenario_with_small_echo_tiers(tmp_path) -> None:
     command += ["--engine", "echo", "--echo-tokens-per-s", "10"]
     command += ["--echo-max-running", "4", "--echo-max-queued", "8", "--json"]
     command += ["--keys", "2", "--key-rate-ratio", "4"]
+    command += ["--priority-mix", "interactive=5,batch=4,critical=1"]
     report, _ = json_command(command, tmp_path / "run", timeout=280)
     assert report["benchmark"] == "overload" and report["load"] == 8.0
     assert report["capacity_rps"] > 0 and report["answered_rps"] > 0
@@ -33,8 +34,10 @@ def test_overload_scenario_with_small_echo_tiers(tmp_path) -> None:
         row = report[priority]
         assert set(row) >= {"sent", "answered_share", "stepped_down_share"}
         assert set(row) >= {"quality_vs_unloaded", "ttft_ms"}
-        assert set(row["ttft_ms"]) == {"p50", "p99"}
+        assert set(row["ttft_ms"]) == set(row["router_ttft_ms"]) == {"p50", "p99"}
     assert sum(report[p]["sent"] for p in PRIORITIES) == report["scenario"]["requests_scheduled"]
+    mix = {"interactive": 0.5, "batch": 0.4, "critical": 0.1}
+    assert report["scenario"]["priority_mix"] == mix
     assert set(report["refusal_ms"]) == {"p50", "p99"}
     assert all("->" in move for move in report["step_downs"])
     # past capacity the router moves interactive chats to another tier, or refuses some

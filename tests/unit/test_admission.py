@@ -159,7 +159,7 @@ async def test_a_waiter_cancelled_as_its_slot_is_handed_over_passes_the_slot_on(
     assert (admission.running, admission.queued) == (0, 0)
 
 
-async def test_a_tenth_of_the_slots_is_kept_for_critical_requests() -> None:
+async def test_a_tenth_more_slots_are_kept_for_critical_requests() -> None:
     admission = Admission(max_running=10, max_queued=4, critical_reserve=0.1)
     assert admission.reserve == 1
     release = asyncio.Event()
@@ -170,14 +170,18 @@ async def test_a_tenth_of_the_slots_is_kept_for_critical_requests() -> None:
             started.append(name)
             await release.wait()
 
-    tasks = [asyncio.create_task(run(f"i{n}", "interactive")) for n in range(10)]
+    tasks = [asyncio.create_task(run(f"i{n}", "interactive")) for n in range(11)]
     await asyncio.sleep(0)
-    assert (admission.running, admission.queued) == (9, 1)  # the 10th slot is kept
+    assert (admission.running, admission.queued) == (10, 1)  # all of max_running; the 11th waits
     critical = asyncio.create_task(run("c", "critical"))
     await asyncio.sleep(0)
-    assert started[-1] == "c" and (admission.running, admission.queued) == (10, 1)
+    assert started[-1] == "c" and (admission.running, admission.queued) == (11, 1)
+    another = asyncio.create_task(run("c2", "critical"))  # the critical slot is taken: it waits
+    await asyncio.sleep(0)
+    assert (admission.running, admission.queued) == (11, 2) and "c2" not in started
     release.set()
-    await asyncio.gather(*tasks, critical)
+    await asyncio.gather(*tasks, critical, another)
+    assert started.index("c2") < started.index("i10")  # the first slot freed went to it
     assert (admission.running, admission.queued) == (0, 0)
     assert Admission(max_running=9, max_queued=0, critical_reserve=0.1).reserve == 0  # rounded down
     assert Admission(max_running=64, max_queued=0).reserve == 0  # none unless configured
@@ -193,16 +197,16 @@ async def test_a_slot_a_critical_request_leaves_is_kept_for_the_next_one() -> No
             started.append(name)
             await until.wait()
 
-    others = [asyncio.create_task(run(f"i{n}", "interactive", hold)) for n in range(9)]
+    others = [asyncio.create_task(run(f"i{n}", "interactive", hold)) for n in range(10)]
     first = asyncio.create_task(run("c1", "critical", critical_done))
     await asyncio.sleep(0)
-    waiting = asyncio.create_task(run("i9", "interactive", hold))
+    waiting = asyncio.create_task(run("i10", "interactive", hold))
     await asyncio.sleep(0)
-    assert (admission.running, admission.queued) == (10, 1)
+    assert (admission.running, admission.queued) == (11, 1)
     critical_done.set()
     await first
     # the waiting interactive request may not take the reserved slot the critical one left
-    assert (admission.running, admission.queued) == (9, 1) and "i9" not in started
+    assert (admission.running, admission.queued) == (10, 1) and "i10" not in started
     second = asyncio.create_task(run("c2", "critical", critical_done))
     await asyncio.sleep(0)
     assert started[-1] == "c2"

@@ -130,9 +130,12 @@ def test_priorities_are_seeded_per_request_and_follow_the_mix() -> None:
     assert drawn == [priority_of(7)(i) for i in range(3000)]
     assert drawn != [priority_of(8)(i) for i in range(3000)]
     shares = {p: drawn.count(p) / len(drawn) for p in ("interactive", "batch", "critical")}
-    assert shares["interactive"] == pytest.approx(0.6, abs=0.03)
-    assert shares["batch"] == pytest.approx(0.3, abs=0.03)
-    assert shares["critical"] == pytest.approx(0.1, abs=0.02)
+    assert shares["interactive"] == pytest.approx(0.2, abs=0.03)
+    assert shares["batch"] == pytest.approx(0.75, abs=0.03)
+    assert shares["critical"] == pytest.approx(0.05, abs=0.02)
+    mixed = priority_of(7, {"interactive": 0.6, "batch": 0.3, "critical": 0.1})
+    drawn = [mixed(i) for i in range(3000)]
+    assert drawn.count("interactive") / len(drawn) == pytest.approx(0.6, abs=0.03)
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,18 @@ def test_shipped_tier_configs_load(tier: str) -> None:
     assert config.model_path == ROOT / "services" / f"tier_{tier}" / "model"
 
 
+@pytest.mark.parametrize(
+    ("max_running", "reserve", "critical", "running"),
+    [(16, 0.0, 0, 16), (16, 0.25, 4, 20), (16, 0.1, 1, 17), (9, 0.1, 0, 9)],
+)
+def test_critical_slots_are_beyond_max_running(
+    max_running: int, reserve: float, critical: int, running: int
+) -> None:
+    fields = {"name": "small", "model_path": "m", "max_running": max_running}
+    config = build_config(TierConfig, {**fields, "critical_reserve": reserve})
+    assert (config.critical_slots, config.running_slots) == (critical, running)
+
+
 def test_shipped_router_config_loads() -> None:
     config = load_config(RouterConfig, ROOT / "services" / "router" / "config.toml")
     assert set(config.tiers) == {"small", "medium", "large"}

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from services.tier.queue_order import RANK
 from services.tier.step_planner import (
+    CRITICAL_RANK,
     RowStatus,
     RunningRow,
     SchedulerState,
@@ -189,8 +191,8 @@ SCENARIOS = [
         left="d",
     ),
     Scenario(
-        "a critical request is prefilled before the interactive and batch ones that came first",
-        ("prefill c a", "decode x c a"),
+        "a critical request is prefilled first, alone, then the others within the budget left",
+        ("prefill c", "prefill a", "decode x c a"),
         budget=10,
         waiting=(waiting("a", 4), waiting("b", 4, rank=2), waiting("c", 8, rank=0)),
         running=(row("x"),),
@@ -198,10 +200,15 @@ SCENARIOS = [
     ),
     Scenario(
         "a critical request arriving during a prefill pass goes first in the next pass",
-        ("prefill a", "prefill d b", "decode a d b"),
+        ("prefill a", "prefill d", "prefill b", "decode a d b"),
         budget=20,
         waiting=(waiting("a", 4),),
         arrivals=((waiting("b", 4, rank=2), waiting("d", 4, rank=0)),),
+    ),
+    Scenario(
+        "critical requests share their pass with each other only",
+        ("prefill c d", "prefill a", "decode c d a"),
+        waiting=(waiting("a", 4), waiting("c", 4, rank=0), waiting("d", 4, rank=0)),
     ),
     Scenario(
         "batch requests wait behind interactive ones that arrived after them",
@@ -225,6 +232,10 @@ SCENARIOS = [
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
 def test_one_step(scenario: Scenario) -> None:
     assert plan_one_step(scenario) == (list(scenario.plans), scenario.left)
+
+
+def test_the_critical_rank_is_the_tier_queues_critical_rank() -> None:
+    assert CRITICAL_RANK == RANK["critical"] == min(RANK.values())
 
 
 def test_rows_stopped_during_a_prefill_pass_decode_once_more_and_leave_next_step() -> None:

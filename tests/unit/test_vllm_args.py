@@ -36,6 +36,8 @@ def tier(**fields: Any) -> TierConfig:
         ({}, {"model": "/m", "max_num_seqs": 4, "enforce_eager": True, "tensor_parallel_size": 1}),
         ({"max_running": 8}, {"max_num_seqs": 8}),
         ({"max_num_seqs": 32, "max_running": 8}, {"max_num_seqs": 32}),
+        # critical requests' slots beyond what the tier admits the others to
+        ({"max_running": 16, "critical_reserve": 0.25}, {"max_num_seqs": 20}),
         ({"device": "cuda", "tensor_parallel_size": 2}, {"tensor_parallel_size": 2}),
         (
             {"max_model_len": 2048, "dtype": "bfloat16"},
