@@ -229,6 +229,10 @@ class RouterConfig:
     overload: str = "step_down"
     # an interactive chat steps down when its tier expects to start it later than this
     interactive_wait_budget_ms: float = 1000.0
+    # under load (its tier could not start it in time), a routed interactive or batch chat that
+    # left max_tokens unset runs with at most this many (answers hold their slots for less, so
+    # queues drain faster); 0 = never lowered
+    overload_max_tokens: int = 0
 
     def validate(self) -> None:
         for tier, target in self.tiers.items():
@@ -263,6 +267,11 @@ class RouterConfig:
         )
         _require(self.overload in OVERLOAD_MODES, "overload", f"one of {', '.join(OVERLOAD_MODES)}")
         _require(self.interactive_wait_budget_ms > 0, "interactive_wait_budget_ms", "must be > 0")
+        _require(
+            0 <= self.overload_max_tokens <= self.max_tokens,
+            "overload_max_tokens",
+            "must be in [0, max_tokens]",
+        )
         for name in ("fallback", "ttft_slo_ms", "tier_costs"):
             for tier in getattr(self, name):
                 _require(tier in TIER_NAMES, name, f"unknown tier {tier!r}")

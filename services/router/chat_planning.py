@@ -11,7 +11,7 @@ that could take the chat reports itself full, TiersLoading when none can take it
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 from tiermesh.client.requests import MODE_NAMES, PRIORITY_NAMES
@@ -36,7 +36,14 @@ from services.router.fallback import (
     fallback_chain,
     fallback_order,
 )
-from services.router.overload import INTERACTIVE, Keep, step_for_load
+from services.router.overload import (
+    INTERACTIVE,
+    Keep,
+    Step,
+    late,
+    max_tokens_under_load,
+    step_for_load,
+)
 from services.router.policy import Loads, RouteChoice, RoutingInput
 
 # request mode -> the mode the router runs: the client's named modes, unset meaning routed
@@ -139,6 +146,20 @@ def plan_chat(
             raise ValueError("a ROUTED chat is planned with the policy's choice")
         budget_ms = _budget_ms(chat.priority, config, time_remaining_s)
         step = step_for_load(choice.tier, loads, config, down, chat.priority, budget_ms, over_share)
+        chosen_load = loads.get(choice.tier)
+        pressed = isinstance(step, Step) or (
+            chosen_load is not None
+            and chosen_load.serving
+            and down(choice.tier) is None
+            and late(choice.tier, chosen_load, config, budget_ms) is not None
+        )
+        lowered = max_tokens_under_load(
+            chat.max_tokens, chat.max_tokens_set, chat.priority, pressed, config
+        )
+        lowered_note = ""
+        if lowered < chat.max_tokens:
+            chat = replace(chat, max_tokens=lowered)
+            lowered_note = f"max_tokens lowered to {lowered} under load"
         if isinstance(step, Keep):  # on its tier even when it reads full (a critical chat)
             tier, why = step.tier, ""
             fallbacks = fallback_order(tier, loads, config, down)
@@ -150,6 +171,9 @@ def plan_chat(
             tier, why, fallbacks = choose_with_fallback(choice.tier, loads, config, down, loading)
         tiers = (_configured(tier, "tier", config),)
         policy, reason = choice.policy, choice.reason + why
+        if lowered_note:
+            note = f"{note}; {lowered_note}" if note else lowered_note
+            reason += f"; {lowered_note}"
     routed = chat.mode == router_pb2.MODE_ROUTED
     escalating = chat.mode == router_pb2.MODE_PROGRESSIVE and chat.gate == ESCALATE
     generate = tier_pb2.GenerateRequest(

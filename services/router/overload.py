@@ -119,6 +119,18 @@ def step_for_load(
     return None
 
 
+def max_tokens_under_load(
+    max_tokens: int, max_tokens_set: bool, priority: str, pressed: bool, config: RouterConfig
+) -> int:
+    """The max_tokens a routed chat runs with: under load (`pressed`: the tier its policy
+    chose could not start it in time), one that left max_tokens to the router and is not
+    critical gets at most `overload_max_tokens` (0: never lowered); else its own."""
+    limit = config.overload_max_tokens
+    if not pressed or max_tokens_set or priority == CRITICAL or limit <= 0:
+        return max_tokens
+    return min(max_tokens, limit)
+
+
 def priority_allowed(priority: str, ceiling: str | None) -> bool:
     """Whether a caller whose ceiling is `ceiling` (None: any) may ask for `priority`."""
     return ceiling is None or PRIORITIES.index(priority) <= PRIORITIES.index(ceiling)

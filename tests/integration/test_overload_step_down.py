@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tiermesh.client import AsyncRouterClient, ChatError, RouteEvent
+from tiermesh.client import AsyncRouterClient, ChatError, RevisionEndEvent, RouteEvent
 
 from tests.integration.mesh import Mesh, hold_stream
 from tests.integration.test_routing_policies import (
@@ -62,6 +62,32 @@ async def test_an_interactive_chat_steps_down_and_a_batch_chat_is_refused(
         assert refused_s < 1.0  # refused by the router at once, never queued
     finally:
         await mesh.stop()
+
+
+async def test_overload_max_tokens_shortens_a_stepped_chat_that_left_them_to_the_router(
+    tiny_model_dir: Path,
+    artifact: Path,  # noqa: F811
+) -> None:
+    mesh = await _mesh(
+        tiny_model_dir, artifact, tiers=FULL_LARGE, policy="threshold", overload_max_tokens=3
+    )
+    try:
+        async with AsyncRouterClient(mesh.address) as client:
+            holder = await _with_large_full(mesh, client)
+            short = await client.chat(COMPLEX)  # max_tokens left to the router
+            asked = await client.chat(COMPLEX, max_tokens=12)
+            holder.cancel()
+    finally:
+        await mesh.stop()
+    ends = [e for e in short.events if isinstance(e, RevisionEndEvent)]
+    assert short.tier == "medium" and len(ends) == 1
+    assert ends[0].usage["completion_tokens"] <= 3, ends[0]
+    assert "max_tokens lowered to 3 under load" in short.final.reason
+    route = short.events[0]
+    assert isinstance(route, RouteEvent) and "max_tokens lowered to 3" in route.reason
+    ends = [e for e in asked.events if isinstance(e, RevisionEndEvent)]
+    assert asked.tier == "medium" and "lowered" not in asked.final.reason
+    assert ends[0].usage["completion_tokens"] > 3 or ends[0].finish_reason == "stop"
 
 
 async def test_shed_leaves_a_full_tier_to_the_fallback_chain(

@@ -44,6 +44,7 @@ LOADS = {
     "small full": {"small": FULL, "medium": IDLE, "large": IDLE},
     "small refusing": {"small": REFUSING, "medium": IDLE, "large": IDLE},
     "all full": {"small": FULL, "medium": FULL, "large": FULL},
+    "all slow": {"small": SLOW, "medium": SLOW, "large": SLOW},
     "large idle": {"small": IDLE, "medium": IDLE, "large": IDLE},
     "medium unknown": {"small": IDLE, "medium": None, "large": FULL},
 }
@@ -409,3 +410,39 @@ def test_a_critical_chat_goes_to_its_tier_even_when_it_reads_full(
 def test_with_every_tier_full_an_interactive_chat_is_refused_at_the_router() -> None:
     with pytest.raises(TiersFull):
         _routed("interactive", "large", "all full")
+
+
+@pytest.mark.parametrize(
+    ("limit", "max_tokens", "loads", "priority", "tier", "expected"),
+    [
+        (64, None, "large full", "interactive", "medium", 64),  # stepped down: lowered
+        (64, None, "all slow", "interactive", "large", 64),  # no tier in time, queued: lowered
+        (64, None, "large idle", "interactive", "large", 200),  # no load: the router's default
+        (64, 150, "large full", "interactive", "medium", 150),  # set by the request: kept
+        (64, None, "large full", "critical", "large", 200),  # critical keeps its answer
+        (0, None, "large full", "interactive", "medium", 200),  # off
+        (250, None, "large full", "interactive", "medium", 200),  # never raised
+    ],
+)
+def test_max_tokens_lowered_under_load_where_the_request_leaves_them_to_the_router(
+    limit: int, max_tokens: int | None, loads: str, priority: str, tier: str, expected: int
+) -> None:
+    config = replace(
+        CONFIG,
+        tiers={t: "x:1" for t in ("small", "medium", "large")},
+        default_max_tokens=200,
+        max_tokens=256,
+        overload_max_tokens=limit,
+    )
+    request = router_pb2.ChatRequest(prompt="Hi", priority=PRIORITY_VALUES[priority])
+    if max_tokens is not None:
+        request.max_tokens = max_tokens
+    chat = check_chat_request(request, config)
+    choice = RouteChoice("large", 0.9, "threshold", "why")
+    plan = plan_chat(chat, config, LOADS[loads], lambda t: None, choice)
+    assert plan.tiers == (tier,)
+    assert plan.generate.max_tokens == expected
+    assert plan.generate.fit_max_tokens_to_context == (max_tokens is None)
+    lowered = f"max_tokens lowered to {expected} under load"
+    assert (lowered in plan.decision.reason) == (expected < (max_tokens or 200))
+    assert (lowered in plan.note) == (expected < (max_tokens or 200))
