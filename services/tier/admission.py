@@ -17,11 +17,12 @@ not DEADLINE_EXCEEDED, reaches the client).
 Priorities (queue_order.py): a freed slot goes to the waiting request of the highest priority
 (critical, then interactive, then batch), each priority in arrival order, and a request's
 expected wait counts only the requests it waits behind. At a full queue a request takes the
-place of the newest waiting request of a lower priority, which is refused instead: under
-pressure batch absorbs the refusals. Running slots beyond `max_running` (`critical_reserve`, a
-share of it) may be kept for critical requests, so one starts at once while the others fill
-`max_running`. Knows nothing of
-models or gRPC. Not thread-safe: use from one event loop.
+place of the newest waiting request of a lower priority, which is refused instead, and a batch
+request that finds a critical or interactive one waiting is refused at once rather than queued
+to be passed over: under pressure batch absorbs the refusals. Running slots beyond `max_running`
+(`critical_reserve`, a share of it) may be kept for critical requests, so one starts at once
+while the others fill `max_running`. Knows nothing of models or gRPC. Not thread-safe: use from
+one event loop.
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ class Admission:
             people = len(waiting) - self.queued_batch
             raise self._refuse(f"{people} requests of a higher priority wait", priority=priority)
         if self.queued >= self.max_queued and not self._can_start(priority):
-            index = to_displace(priority, [w.priority for w in self._waiters])
+            index = to_displace(priority, waiting)
             if index is None:
                 raise self._refuse("queue full", priority=priority)
             self._displace(self._waiters[index], priority)
