@@ -40,6 +40,10 @@ class TierConfig:
     port: int = 0  # 0 = any free port (tests)
     max_running: int = 4  # requests decoding at once (critical ones: up to running_slots)
     max_queued: int = 16  # admitted requests waiting for a slot; past it RESOURCE_EXHAUSTED
+    # the longest expected wait for a slot a request is queued for (a shorter deadline of its
+    # own bounds it too); one expected to wait longer is refused at once with the wait as its
+    # retry delay
+    max_wait_s: float = 5.0
     # running slots beyond max_running that only critical requests may take, as a share of
     # max_running (rounded down), so one starts at once while interactive and batch fill
     # max_running; 0 = none (the built-in tiers keep 0.25)
@@ -134,6 +138,7 @@ class TierConfig:
                 f"{self.remote_url!r}",
             )
         _require(0.0 <= self.critical_reserve < 1.0, "critical_reserve", "must be in [0, 1)")
+        _require(self.max_wait_s > 0, "max_wait_s", "must be > 0")
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             _require(getattr(self, name) >= 1, name, "must be >= 1")
         _require(

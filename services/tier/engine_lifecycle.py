@@ -127,7 +127,10 @@ class EngineLifecycle(ABC):
     def __init__(self, config: TierConfig) -> None:
         self._config = config
         self._admission = Admission(
-            config.max_running, config.max_queued, critical_reserve=config.critical_reserve
+            config.max_running,
+            config.max_queued,
+            max_wait_s=config.max_wait_s,
+            critical_reserve=config.critical_reserve,
         )
         self._prompt_format: PromptFormat | None = None  # set once the model is loaded
         self._ttfts = TtftWindow()

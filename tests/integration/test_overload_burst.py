@@ -316,3 +316,35 @@ async def test_a_tier_whose_reported_wait_is_past_its_limit_is_full_to_the_route
         assert all(answer.tier == "small" and answer.text for answer in answers)
     finally:
         await mesh.stop()
+
+
+async def test_a_tier_with_a_longer_max_wait_queues_what_the_default_refuses(
+    tmp_path: Path,
+) -> None:
+    """The same six chats on a small tier configured with max_wait_s = 8: the sixth, expected
+    to wait 6 s, is queued (by the tier's report the router sees room) and answered too."""
+    options = one_slot_small(max_queued=8)
+    options["tier_options"]["max_wait_s"] = 8.0
+    options["router_options"]["load_watch_interval_ms"] = 50
+    mesh = await start_mesh(tmp_path, **options)
+    try:
+        idle = await mesh.tier_status("small")
+        assert (idle.expected_wait_ms, idle.max_wait_ms) == (0.0, 8000.0)
+        async with AsyncRouterClient(mesh.address) as client:
+            holder = await _hold_slot(client, mesh, "small")
+            waiters = [
+                asyncio.create_task(client.chat("Hi", max_tokens=2, timeout=60)) for _ in range(5)
+            ]
+            while (status := await mesh.tier_status("small")).queued < 5:
+                await asyncio.sleep(0.02)
+            assert status.expected_wait_ms == pytest.approx(6000.0)
+            await asyncio.sleep(0.2)  # the router's load watch has seen it (every 50 ms)
+            sixth = asyncio.create_task(client.chat("Hi", max_tokens=2, timeout=60))
+            while (await mesh.tier_status("small")).queued < 6:
+                await asyncio.sleep(0.02)
+            holder.cancel()
+            answers = await asyncio.gather(*waiters, sixth)
+        assert all(answer.tier == "small" and answer.text for answer in answers)
+        assert (await mesh.tier_status("small")).rejected == 0
+    finally:
+        await mesh.stop()

@@ -42,6 +42,7 @@ def test_shipped_router_config_loads() -> None:
     [
         ({"name": "huge", "model_path": "m"}, "name"),
         ({"name": "small", "model_path": "m", "max_running": 0}, "max_running"),
+        ({"name": "small", "model_path": "m", "max_wait_s": 0}, "max_wait_s"),
         ({"name": "small", "model_path": "m", "port": "80"}, "port"),
         ({"name": "small", "model_path": "m", "engine": "onnx"}, "engine"),
         ({"name": "small", "model_path": "m", "tokens_per_chunk": 100}, "tokens_per_chunk"),
