@@ -44,7 +44,8 @@ from mesh.last_good import load_or_last_good
 from mesh.topology import Topology
 from mesh.topology_file import load_topology
 from services.common import env
-from services.common.config import GatewayConfig, build_config, read_toml
+from services.common.config import GatewayConfig
+from services.common.config_loading import build_config, read_toml
 from services.common.errors import ConfigError
 from services.common.extras import require_extra
 

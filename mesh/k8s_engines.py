@@ -23,7 +23,8 @@ from typing import Any
 
 from mesh.k8s_tls import TLS_MOUNT, secure_container
 from mesh.topology import ModelVolume, Resources, Topology, serving_port
-from services.common.config import TierConfig, build_config
+from services.common.config import TierConfig
+from services.common.config_loading import build_config
 from services.common.errors import ConfigError
 
 ENGINES = ("vllm", "openai")  # what --tier-config may name; the others run the image's config

@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from services.bench.options import concurrency_levels
-from services.common.config import TierConfig, load_config
+from services.common.config import TierConfig
+from services.common.config_loading import load_config
 
 SERVICES = Path(__file__).resolve().parent.parent
 

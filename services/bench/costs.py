@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.config import read_toml
+from services.common.config_loading import read_toml
 from services.common.errors import ConfigError
 from services.common.tiers import TIER_NAMES
 

@@ -37,7 +37,8 @@ from services.bench.drift_summary import (
 from services.bench.hybrid_bench import BenchError, LoadOptions, MeshTarget, mesh_json
 from services.bench.loadgen import POLICY_PREFIX, LoadRun, RequestRecord, configuration
 from services.bench.metrics import RequestScores
-from services.common.config import RouterConfig, load_config
+from services.common.config import RouterConfig
+from services.common.config_loading import load_config
 from services.common.errors import ConfigError
 from services.workload import WorkloadItem, score
 

@@ -25,7 +25,8 @@ from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
 from services.cli.client_flags import add_client_security_flags
 from services.common import env
-from services.common.config import RouterConfig, load_config
+from services.common.config import RouterConfig
+from services.common.config_loading import load_config
 from services.common.errors import TiermeshError
 from services.common.tiers import TIER_NAMES
 from services.launcher.run_addresses import read_run_addresses

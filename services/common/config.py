@@ -1,20 +1,15 @@
-"""Typed service configuration loaded from TOML and validated at start-up.
-
-Every error names the file and the field. Knows nothing of what the services do with the values.
+"""Typed service configuration: each service's fields, their defaults and their checks, loaded
+from TOML and validated at start-up by config_loading.py (every error names the file and the
+field). Knows nothing of what the services do with the values.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from services.common.errors import ConfigError
+from services.common.config_loading import require
 from services.common.tiers import TIER_NAMES
 
 ENGINES = ("torch", "tensorrt_llm", "echo", "openai", "vllm")
@@ -107,52 +102,52 @@ class TierConfig:
         return self.max_running + self.critical_slots
 
     def validate(self) -> None:
-        _require(self.name in TIER_NAMES, "name", f"must be one of {', '.join(TIER_NAMES)}")
-        _require(self.engine in ENGINES, "engine", f"must be one of {', '.join(ENGINES)}")
-        _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype", "unknown dtype")
-        _require(
+        require(self.name in TIER_NAMES, "name", f"must be one of {', '.join(TIER_NAMES)}")
+        require(self.engine in ENGINES, "engine", f"must be one of {', '.join(ENGINES)}")
+        require(self.dtype in ("float32", "bfloat16", "float16"), "dtype", "unknown dtype")
+        require(
             self.weights_loading in ("lazy", "eager"), "weights_loading", "must be lazy or eager"
         )
-        _require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
+        require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
         for name in ("max_running", "max_tokens", "max_prompt_tokens", "torch_threads"):
-            _require(getattr(self, name) >= 1, name, "must be >= 1")
-        _require(self.max_queued >= 0, "max_queued", "must be >= 0")
-        _require(0 <= self.compute_nice <= 19, "compute_nice", "must be in [0, 19]")
-        _require(1 <= self.tokens_per_chunk <= 64, "tokens_per_chunk", "must be in [1, 64]")
-        _require(self.drain_grace_s >= 0, "drain_grace_s", "must be >= 0")
-        _require(self.kv_max_len >= 0, "kv_max_len", "must be >= 0")
-        _require(self.prefill_tokens_per_step >= 1, "prefill_tokens_per_step", "must be >= 1")
-        _require(
+            require(getattr(self, name) >= 1, name, "must be >= 1")
+        require(self.max_queued >= 0, "max_queued", "must be >= 0")
+        require(0 <= self.compute_nice <= 19, "compute_nice", "must be in [0, 19]")
+        require(1 <= self.tokens_per_chunk <= 64, "tokens_per_chunk", "must be in [1, 64]")
+        require(self.drain_grace_s >= 0, "drain_grace_s", "must be >= 0")
+        require(self.kv_max_len >= 0, "kv_max_len", "must be >= 0")
+        require(self.prefill_tokens_per_step >= 1, "prefill_tokens_per_step", "must be >= 1")
+        require(
             0.0 < self.kv_free_gpu_memory_fraction <= 1.0,
             "kv_free_gpu_memory_fraction",
             "must be in (0, 1]",
         )
-        _require(self.max_num_tokens >= 0, "max_num_tokens", "must be >= 0")
-        _require(self.echo_ttft_ms >= 0, "echo_ttft_ms", "must be >= 0")
-        _require(self.echo_tokens_per_s >= 0, "echo_tokens_per_s", "must be >= 0")
+        require(self.max_num_tokens >= 0, "max_num_tokens", "must be >= 0")
+        require(self.echo_ttft_ms >= 0, "echo_ttft_ms", "must be >= 0")
+        require(self.echo_tokens_per_s >= 0, "echo_tokens_per_s", "must be >= 0")
         if self.engine == "openai":
-            _require(
+            require(
                 _is_remote_url(self.remote_url),
                 "remote_url",
                 f"must be one http(s)://HOST[:PORT]/v1 URL for engine openai, got "
                 f"{self.remote_url!r}",
             )
-        _require(0.0 <= self.critical_reserve < 1.0, "critical_reserve", "must be in [0, 1)")
-        _require(self.max_wait_s > 0, "max_wait_s", "must be > 0")
+        require(0.0 <= self.critical_reserve < 1.0, "critical_reserve", "must be in [0, 1)")
+        require(self.max_wait_s > 0, "max_wait_s", "must be > 0")
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
-            _require(getattr(self, name) >= 1, name, "must be >= 1")
-        _require(
+            require(getattr(self, name) >= 1, name, "must be >= 1")
+        require(
             self.distributed_executor_backend in ("", "mp", "ray"),
             "distributed_executor_backend",
             'must be "mp" or "ray" (or "" for vLLM\'s choice)',
         )
-        _require(
+        require(
             0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "must be in (0, 1]"
         )
         for name in ("max_model_len", "max_num_seqs"):
-            _require(getattr(self, name) >= 0, name, "must be >= 0")
-        _require(self.cpu_kvcache_space_gib > 0, "cpu_kvcache_space_gib", "must be > 0")
-        _require(
+            require(getattr(self, name) >= 0, name, "must be >= 0")
+        require(self.cpu_kvcache_space_gib > 0, "cpu_kvcache_space_gib", "must be > 0")
+        require(
             not self.remote_api_key_env or self.remote_api_key_env.isidentifier(),
             "remote_api_key_env",
             f"must be an environment variable's name, got {self.remote_api_key_env!r}",
@@ -241,68 +236,68 @@ class RouterConfig:
 
     def validate(self) -> None:
         for tier, target in self.tiers.items():
-            _require(tier in TIER_NAMES, "tiers", f"unknown tier {tier!r}")
+            require(tier in TIER_NAMES, "tiers", f"unknown tier {tier!r}")
             parts = [part.strip() for part in target.split(",")]
-            _require(all(parts), "tiers", f"{tier}: empty address in {target!r}")
-            _require(
+            require(all(parts), "tiers", f"{tier}: empty address in {target!r}")
+            require(
                 len(parts) == 1 or not target.startswith("xds:"),
                 "tiers",
                 f"{tier}: an xds:/// target stands alone (xDS balances its endpoints)",
             )
         for name in ("draft_tier", "refine_tier"):
-            _require(getattr(self, name) in self.tiers, name, "must be a configured tier")
-        _require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
+            require(getattr(self, name) in self.tiers, name, "must be a configured tier")
+        require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
         for name in ("max_inflight", "default_max_tokens", "max_tokens", "max_prompt_chars"):
-            _require(getattr(self, name) >= 1, name, "must be >= 1")
-        _require(
+            require(getattr(self, name) >= 1, name, "must be >= 1")
+        require(
             self.default_max_tokens <= self.max_tokens,
             "default_max_tokens",
             "must be <= max_tokens",
         )
-        _require(self.refine_budget_ms >= 1, "refine_budget_ms", "must be >= 1")
-        _require(self.policy in POLICIES, "policy", f"must be one of {', '.join(POLICIES)}")
-        _require(self.progressive_gate in GATES, "progressive_gate", f"one of {', '.join(GATES)}")
-        _require(0.0 <= self.min_draft_confidence <= 1.0, "min_draft_confidence", "in [0, 1]")
+        require(self.refine_budget_ms >= 1, "refine_budget_ms", "must be >= 1")
+        require(self.policy in POLICIES, "policy", f"must be one of {', '.join(POLICIES)}")
+        require(self.progressive_gate in GATES, "progressive_gate", f"one of {', '.join(GATES)}")
+        require(0.0 <= self.min_draft_confidence <= 1.0, "min_draft_confidence", "in [0, 1]")
         for name in ("escalate_small_confidence", "escalate_medium_confidence"):
-            _require(0.0 <= getattr(self, name) <= 1.0, name, "must be in [0, 1]")
-        _require(
+            require(0.0 <= getattr(self, name) <= 1.0, name, "must be in [0, 1]")
+        require(
             0.0 <= self.escalate_small_below <= self.escalate_medium_below,
             "escalate_small_below",
             "must be in [0, escalate_medium_below]",
         )
-        _require(self.overload in OVERLOAD_MODES, "overload", f"one of {', '.join(OVERLOAD_MODES)}")
-        _require(self.interactive_wait_budget_ms > 0, "interactive_wait_budget_ms", "must be > 0")
-        _require(
+        require(self.overload in OVERLOAD_MODES, "overload", f"one of {', '.join(OVERLOAD_MODES)}")
+        require(self.interactive_wait_budget_ms > 0, "interactive_wait_budget_ms", "must be > 0")
+        require(
             0 <= self.overload_max_tokens <= self.max_tokens,
             "overload_max_tokens",
             "must be in [0, max_tokens]",
         )
         for name in ("fallback", "ttft_slo_ms", "tier_costs"):
             for tier in getattr(self, name):
-                _require(tier in TIER_NAMES, name, f"unknown tier {tier!r}")
+                require(tier in TIER_NAMES, name, f"unknown tier {tier!r}")
         for tier in self.fallback.values():
-            _require(tier in TIER_NAMES, "fallback", f"unknown tier {tier!r}")
-        _require(self.first_token_timeout_ms >= 0, "first_token_timeout_ms", "must be >= 0")
-        _require(
+            require(tier in TIER_NAMES, "fallback", f"unknown tier {tier!r}")
+        require(self.first_token_timeout_ms >= 0, "first_token_timeout_ms", "must be >= 0")
+        require(
             50 <= self.load_watch_interval_ms <= 60000, "load_watch_interval_ms", "in [50, 60000]"
         )
-        _require(
+        require(
             self.load_stale_ms > self.load_watch_interval_ms,
             "load_stale_ms",
             "must be > load_watch_interval_ms",
         )
-        _require(self.eject_after_failures >= 1, "eject_after_failures", "must be >= 1")
-        _require(self.ejection_base_ms >= 1, "ejection_base_ms", "must be >= 1")
-        _require(
+        require(self.eject_after_failures >= 1, "eject_after_failures", "must be >= 1")
+        require(self.ejection_base_ms >= 1, "ejection_base_ms", "must be >= 1")
+        require(
             self.ejection_max_ms >= self.ejection_base_ms,
             "ejection_max_ms",
             "must be >= ejection_base_ms",
         )
-        _require(self.tier_call_timeout_s > 0, "tier_call_timeout_s", "must be > 0")
-        _require(self.loading_wait_s >= 0, "loading_wait_s", "must be >= 0")
-        _require(self.stall_timeout_ms >= 1, "stall_timeout_ms", "must be >= 1")
-        _require(self.large_queue_limit >= 0, "large_queue_limit", "must be >= 0")
-        _require(
+        require(self.tier_call_timeout_s > 0, "tier_call_timeout_s", "must be > 0")
+        require(self.loading_wait_s >= 0, "loading_wait_s", "must be >= 0")
+        require(self.stall_timeout_ms >= 1, "stall_timeout_ms", "must be >= 1")
+        require(self.large_queue_limit >= 0, "large_queue_limit", "must be >= 0")
+        require(
             0.0 <= self.queue_fallback_min_success <= 1.0,
             "queue_fallback_min_success",
             "must be in [0, 1]",
@@ -339,19 +334,19 @@ class GatewayConfig:
     max_connections_per_client: int = 512
 
     def validate(self) -> None:
-        _require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
-        _require(1 <= self.max_choices <= 128, "max_choices", "must be in [1, 128]")
+        require(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
+        require(1 <= self.max_choices <= 128, "max_choices", "must be in [1, 128]")
         for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
-            _require(getattr(self, name) > 0, name, "must be > 0")
+            require(getattr(self, name) > 0, name, "must be > 0")
         for name in ("max_connections", "max_connections_per_client"):
-            _require(getattr(self, name) >= 1, name, "must be >= 1")
-        _require(bool(self.router), "router", "must be a gRPC target")
+            require(getattr(self, name) >= 1, name, "must be >= 1")
+        require(bool(self.router), "router", "must be a gRPC target")
         for i, origin in enumerate(self.cors_origins):
             problem = _origin_problem(origin)
-            _require(problem is None, f"cors_origins[{i}]", f"{problem}, got {origin!r}")
-        _require(self.timeout_s > 0, "timeout_s", "must be > 0")
-        _require(self.retry_after_s >= 0, "retry_after_s", "must be >= 0")
-        _require(self.drain_grace_s >= 0, "drain_grace_s", "must be >= 0")
+            require(problem is None, f"cors_origins[{i}]", f"{problem}, got {origin!r}")
+        require(self.timeout_s > 0, "timeout_s", "must be > 0")
+        require(self.retry_after_s >= 0, "retry_after_s", "must be >= 0")
+        require(self.drain_grace_s >= 0, "drain_grace_s", "must be >= 0")
 
 
 def _origin_problem(origin: str) -> str | None:
@@ -383,80 +378,3 @@ def _is_remote_url(url: str) -> bool:
         return False
     one = "," not in url and port != 0
     return one and parts.scheme in ("http", "https") and bool(parts.hostname)
-
-
-def _require(ok: bool, name: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(f"{name}: {message}")
-
-
-Config = TypeVar("Config", TierConfig, RouterConfig, GatewayConfig)
-
-
-def read_toml(path: Path, what: str = "config file") -> dict[str, Any]:
-    """The TOML table in `path`; raises ConfigError naming the file if it is missing or bad."""
-    try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: {what} not found") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
-
-
-def load_config(cls: type[Config], path: Path, **overrides: Any) -> Config:
-    """Reads `path` (TOML) into `cls`, applies non-None overrides, validates, and returns it."""
-    data = read_toml(path)
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return build_config(cls, data, base_dir=path.parent)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
-
-
-def build_config(cls: type[Config], data: dict[str, Any], base_dir: Path | None = None) -> Config:
-    """Builds and validates `cls` from a plain dict, checking every field's type."""
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
-    values: dict[str, Any] = {}
-    for name, value in data.items():
-        values[name] = _coerce(name, value, hints[name], base_dir)
-    try:
-        config = cls(**values)
-    except TypeError as e:
-        raise ConfigError(str(e)) from None
-    config.validate()
-    return config
-
-
-def _coerce(name: str, value: Any, hint: Any, base_dir: Path | None) -> Any:
-    origin = typing.get_origin(hint)
-    if hint is Path:
-        if not isinstance(value, str | Path):
-            raise ConfigError(f"{name}: expected a path string, got {value!r}")
-        path = Path(value)
-        return path if path.is_absolute() or base_dir is None else base_dir / path
-    if origin is tuple:  # tuple[str, ...]: a TOML list of strings
-        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{name}: expected a list of strings, got {value!r}")
-        return tuple(value)
-    if origin is dict:
-        value_type = typing.get_args(hint)[1]
-        if value_type is float and isinstance(value, dict):
-            value = {k: float(v) if isinstance(v, int) else v for k, v in value.items()}
-        if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, value_type) for k, v in value.items()
-        ):
-            kind = "strings" if value_type is str else "numbers"
-            raise ConfigError(f"{name}: expected a table of {kind}, got {value!r}")
-        return dict(value)
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    expected = hint if not isinstance(hint, types.UnionType) else typing.get_args(hint)
-    if isinstance(value, bool) and hint is not bool:
-        raise ConfigError(f"{name}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
-    if not isinstance(value, expected):
-        raise ConfigError(f"{name}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
-    return value

@@ -23,7 +23,8 @@ import uvicorn
 from prometheus_client import ProcessCollector
 
 from services.common import env
-from services.common.config import GatewayConfig, load_config
+from services.common.config import GatewayConfig
+from services.common.config_loading import load_config
 from services.common.descriptors import connection_cap, raise_open_files_limit
 from services.common.errors import TiermeshError
 from services.common.grpc_service import configure_logging

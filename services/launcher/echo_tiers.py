@@ -12,7 +12,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.config import TierConfig, load_config, read_toml
+from services.common.config import TierConfig
+from services.common.config_loading import load_config, read_toml
 
 
 @dataclass(frozen=True)

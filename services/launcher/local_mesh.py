@@ -28,7 +28,8 @@ from rich.console import Console
 from mesh.bootstrap import XdsTls
 from services.common import env
 from services.common.child_process import SERVICES_DIR, Child
-from services.common.config import GatewayConfig, TierConfig, build_config, load_config
+from services.common.config import GatewayConfig, TierConfig
+from services.common.config_loading import build_config, load_config
 from services.common.errors import ConfigError
 from services.common.ports import free_port, free_port_layout
 from services.common.serving import is_serving

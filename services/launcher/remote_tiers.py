@@ -12,7 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from services.common.config import TierConfig, load_config, read_toml
+from services.common.config import TierConfig
+from services.common.config_loading import load_config, read_toml
 
 
 def write_remote_config(tier_config: Path, out_dir: Path, url: str, replica: int) -> Path:

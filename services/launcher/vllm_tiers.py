@@ -12,7 +12,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from services.common.config import TierConfig, load_config, read_toml
+from services.common.config import TierConfig
+from services.common.config_loading import load_config, read_toml
 from services.common.errors import ConfigError
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # the folder holding services/ and .venv-vllm

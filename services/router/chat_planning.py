@@ -40,9 +40,9 @@ from services.router.overload import (
     INTERACTIVE,
     Keep,
     Step,
-    late,
     max_tokens_under_load,
     step_for_load,
+    under_load,
 )
 from services.router.policy import Loads, RouteChoice, RoutingInput
 
@@ -146,13 +146,7 @@ def plan_chat(
             raise ValueError("a ROUTED chat is planned with the policy's choice")
         budget_ms = _budget_ms(chat.priority, config, time_remaining_s)
         step = step_for_load(choice.tier, loads, config, down, chat.priority, budget_ms, over_share)
-        chosen_load = loads.get(choice.tier)
-        pressed = isinstance(step, Step) or (
-            chosen_load is not None
-            and chosen_load.serving
-            and down(choice.tier) is None
-            and late(choice.tier, chosen_load, config, budget_ms) is not None
-        )
+        pressed = isinstance(step, Step) or under_load(choice.tier, loads, config, down, budget_ms)
         lowered = max_tokens_under_load(
             chat.max_tokens, chat.max_tokens_set, chat.priority, pressed, config
         )

@@ -119,6 +119,15 @@ def step_for_load(
     return None
 
 
+def under_load(
+    chosen: str, loads: Loads, config: RouterConfig, down: Down, budget_ms: float | None
+) -> bool:
+    """Whether `chosen`, up and serving, would not start one more chat within `budget_ms`."""
+    load = loads.get(chosen)
+    serving = load is not None and load.serving and down(chosen) is None
+    return serving and load is not None and late(chosen, load, config, budget_ms) is not None
+
+
 def max_tokens_under_load(
     max_tokens: int, max_tokens_set: bool, priority: str, pressed: bool, config: RouterConfig
 ) -> int:

@@ -17,7 +17,8 @@ from tiermesh.v1 import router_pb2
 
 from services.common import env
 from services.common.answers import answers_agree
-from services.common.config import RouterConfig, load_config
+from services.common.config import RouterConfig
+from services.common.config_loading import load_config
 from services.common.errors import TiermeshError
 from services.common.grpc_service import (
     RunningServer,

@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from services.common.config import RouterConfig, load_config
+from services.common.config import RouterConfig
+from services.common.config_loading import load_config
 from services.common.tiers import TIER_NAMES
 from services.routing.outcomes import LABEL_CONCURRENCY
 

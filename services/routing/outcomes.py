@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.common.config import TierConfig, load_config
+from services.common.config import TierConfig
+from services.common.config_loading import load_config
 from services.common.tiers import TIER_NAMES
 from services.tier.engine import GenerationRequest
 from services.workload import WorkloadItem, load_split, score

@@ -19,7 +19,8 @@ import grpc
 from tiermesh.v1 import tier_pb2_grpc
 
 from services.common import env
-from services.common.config import TierConfig, load_config
+from services.common.config import TierConfig
+from services.common.config_loading import load_config
 from services.common.errors import TiermeshError
 from services.common.grpc_service import (
     RunningServer,

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from services.bench.report import TARGETS
-from services.common.config import RouterConfig, load_config
+from services.common.config import RouterConfig
+from services.common.config_loading import load_config
 from services.router.server import DEFAULT_CONFIG
 from services.workload import load_split, score
 from tests.e2e.run_process import ROOT, TIERMESH, json_command

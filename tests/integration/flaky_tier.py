@@ -13,7 +13,8 @@ from pathlib import Path
 import grpc
 from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
-from services.common.config import TierConfig, build_config
+from services.common.config import TierConfig
+from services.common.config_loading import build_config
 from services.common.grpc_service import RunningServer, start_server
 from services.tier.engine import Engine
 from services.tier.factory import create_engine

@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 import grpc
 from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
-from services.common.config import GatewayConfig, build_config
+from services.common.config import GatewayConfig
+from services.common.config_loading import build_config
 from services.gateway.server import RunningGateway, start_gateway
 from tests.integration.mesh import Mesh, start_mesh
 from tests.tiny_model import build_tiny_model

@@ -11,7 +11,8 @@ import grpc
 from tiermesh.client import AsyncRouterClient, DeltaEvent, FinalEvent
 from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
-from services.common.config import RouterConfig, TierConfig, build_config
+from services.common.config import RouterConfig, TierConfig
+from services.common.config_loading import build_config
 from services.common.ports import free_port
 from services.common.tiers import TIER_NAMES
 from services.router.server import RouterServer, start_router

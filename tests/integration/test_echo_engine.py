@@ -13,7 +13,8 @@ import pytest
 from tiermesh.client import AsyncRouterClient
 from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
 
-from services.common.config import TierConfig, build_config
+from services.common.config import TierConfig
+from services.common.config_loading import build_config
 from services.tier.echo_engine import echo_answer, echo_text
 from services.tier.server import TierServer, start_tier
 from tests.integration.mesh import start_mesh

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from tiermesh.client import AsyncRouterClient, ChatError, RouteEvent, tls_credentials
 
-from services.common.config import RouterConfig, TierConfig, build_config
+from services.common.config import RouterConfig, TierConfig
+from services.common.config_loading import build_config
 from services.router.server import RouterServer, start_router
 from services.security.api_keys import create_key
 from services.security.certs import init_ca, issue

@@ -13,7 +13,8 @@ import anthropic
 import httpx
 import pytest
 
-from services.common.config import GatewayConfig, RouterConfig, TierConfig, build_config
+from services.common.config import GatewayConfig, RouterConfig, TierConfig
+from services.common.config_loading import build_config
 from services.gateway.server import start_gateway
 from services.router.server import start_router
 from services.security.api_keys import create_key

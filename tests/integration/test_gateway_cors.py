@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.common.config import GatewayConfig, build_config
+from services.common.config import GatewayConfig
+from services.common.config_loading import build_config
 from services.common.errors import ConfigError
 from tests.integration.gateway_mesh import GatewayMesh
 

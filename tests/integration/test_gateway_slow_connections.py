@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from services.chaos.slow_connections import attack, hold_connections
-from services.common.config import GatewayConfig, build_config
+from services.common.config import GatewayConfig
+from services.common.config_loading import build_config
 from services.common.descriptors import open_descriptors
 from services.gateway.connection_guard import (
     BODY_TIMEOUT,

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import httpx
 
-from services.common.config import GatewayConfig, build_config
+from services.common.config import GatewayConfig
+from services.common.config_loading import build_config
 from services.common.telemetry import setup_telemetry
 from services.gateway.server import start_gateway
 from tests.integration.mesh import start_mesh

@@ -26,7 +26,8 @@ import pytest
 from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
 from services.cli.main import main as tiermesh
-from services.common.config import TierConfig, build_config
+from services.common.config import TierConfig
+from services.common.config_loading import build_config
 from services.security.api_keys import create_key
 from services.security.settings import ServiceSecurity
 from services.tier.server import TierServer, start_tier

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from tiermesh.client import AsyncRouterClient, ChatError
 
-from services.common.config import RouterConfig, TierConfig, build_config
+from services.common.config import RouterConfig, TierConfig
+from services.common.config_loading import build_config
 from services.common.ports import free_port
 from services.router.server import RouterServer, start_router
 from services.tier.server import TierServer, start_tier

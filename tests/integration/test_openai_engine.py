@@ -19,7 +19,8 @@ from tiermesh.client import AsyncRouterClient, DeltaEvent
 from tiermesh.client.status_details import parse_status_details
 from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
-from services.common.config import RouterConfig, TierConfig, build_config
+from services.common.config import RouterConfig, TierConfig
+from services.common.config_loading import build_config
 from services.common.errors import ConfigError
 from services.common.ports import free_port
 from services.common.serving import health_status

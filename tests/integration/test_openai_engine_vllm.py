@@ -17,7 +17,8 @@ from tiermesh.client.status_details import parse_status_details
 from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
 
 from services.common.child_process import Child
-from services.common.config import TierConfig, build_config
+from services.common.config import TierConfig
+from services.common.config_loading import build_config
 from services.common.ports import free_port
 from services.tier.server import TierServer, start_tier
 from tests.integration.vllm_env import smollm2, vllm_python

@@ -279,6 +279,20 @@ async def test_a_refusal_for_a_short_deadline_leaves_the_tier_open_to_longer_one
         await mesh.stop()
 
 
+async def _five_queued_behind_a_held_slot(
+    mesh: Mesh, client: AsyncRouterClient
+) -> tuple[asyncio.Task[Any], list[asyncio.Task[Any]]]:
+    """small's one slot held by a long chat and five short chats queued behind it; by its own
+    estimate (an unmeasured 1 s per hand-over) a sixth would wait 6 s. Returns the holder and
+    the five."""
+    holder = await _hold_slot(client, mesh, "small")
+    waiters = [asyncio.create_task(client.chat("Hi", max_tokens=2, timeout=60)) for _ in range(5)]
+    while (status := await mesh.tier_status("small")).queued < 5:
+        await asyncio.sleep(0.02)
+    assert status.expected_wait_ms == pytest.approx(6000.0)
+    return holder, waiters
+
+
 async def test_a_tier_whose_reported_wait_is_past_its_limit_is_full_to_the_router(
     tmp_path: Path,
 ) -> None:
@@ -293,13 +307,7 @@ async def test_a_tier_whose_reported_wait_is_past_its_limit_is_full_to_the_route
         idle = await mesh.tier_status("small")
         assert (idle.expected_wait_ms, idle.max_wait_ms) == (0.0, 5000.0)
         async with AsyncRouterClient(mesh.address) as client:
-            holder = await _hold_slot(client, mesh, "small")
-            waiters = [
-                asyncio.create_task(client.chat("Hi", max_tokens=2, timeout=60)) for _ in range(5)
-            ]
-            while (status := await mesh.tier_status("small")).queued < 5:
-                await asyncio.sleep(0.02)
-            assert status.expected_wait_ms == pytest.approx(6000.0)
+            holder, waiters = await _five_queued_behind_a_held_slot(mesh, client)
             while not ((load := mesh.router.watcher.loads["small"]) and load.wait_too_long):
                 await asyncio.sleep(0.01)
             with pytest.raises(ChatError) as refused:
@@ -331,13 +339,7 @@ async def test_a_tier_with_a_longer_max_wait_queues_what_the_default_refuses(
         idle = await mesh.tier_status("small")
         assert (idle.expected_wait_ms, idle.max_wait_ms) == (0.0, 8000.0)
         async with AsyncRouterClient(mesh.address) as client:
-            holder = await _hold_slot(client, mesh, "small")
-            waiters = [
-                asyncio.create_task(client.chat("Hi", max_tokens=2, timeout=60)) for _ in range(5)
-            ]
-            while (status := await mesh.tier_status("small")).queued < 5:
-                await asyncio.sleep(0.02)
-            assert status.expected_wait_ms == pytest.approx(6000.0)
+            holder, waiters = await _five_queued_behind_a_held_slot(mesh, client)
             await asyncio.sleep(0.2)  # the router's load watch has seen it (every 50 ms)
             sixth = asyncio.create_task(client.chat("Hi", max_tokens=2, timeout=60))
             while (await mesh.tier_status("small")).queued < 6:

@@ -15,7 +15,8 @@ import pytest
 from tiermesh.client import AsyncRouterClient, ChatError, DeltaEvent, RouteEvent
 from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
-from services.common.config import TierConfig, build_config
+from services.common.config import TierConfig
+from services.common.config_loading import build_config
 from services.tier.server import TierServer, start_tier
 from tests.integration.mesh import start_mesh
 

@@ -14,7 +14,8 @@ import pytest
 from tiermesh.client.status_details import parse_status_details
 from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
 
-from services.common.config import TierConfig, build_config
+from services.common.config import TierConfig
+from services.common.config_loading import build_config
 from services.tier.echo_engine import EchoEngine, echo_answer, echo_text
 from services.tier.engine import GenerationRequest, Sampling
 from services.tier.server import TierServer, start_tier

@@ -16,7 +16,8 @@ import grpc
 import pytest
 from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
-from services.common.config import TierConfig, build_config
+from services.common.config import TierConfig
+from services.common.config_loading import build_config
 from services.tier.server import TierServer, start_tier
 from tests.tiny_model import build_tiny_model
 

@@ -13,7 +13,8 @@ import pytest
 from tiermesh.client.status_details import parse_status_details
 from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
-from services.common.config import TierConfig, build_config
+from services.common.config import TierConfig
+from services.common.config_loading import build_config
 from services.common.validation import MAX_MESSAGE_CHARS, MAX_MESSAGES, MAX_TIER_PROMPT_CHARS
 from services.tier.server import TierServer, start_tier
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from tiermesh.client import AsyncRouterClient, ChatError
 
-from services.common.config import RouterConfig, build_config
+from services.common.config import RouterConfig
+from services.common.config_loading import build_config
 from services.router.server import RouterServer, start_router
 from tests.integration.flaky_tier import FlakyTier, start_flaky_tier
 
@@ -86,7 +87,8 @@ MESH_SCRIPT = r"""
     from mesh.bootstrap import bootstrap_env
     from mesh.control_plane import start_control_plane
     from mesh.topology_file import parse_topology
-    from services.common.config import RouterConfig, build_config
+    from services.common.config import RouterConfig
+    from services.common.config_loading import build_config
     from services.router.server import start_router
     from tests.integration.flaky_tier import start_flaky_tier
     from tiermesh.client import AsyncRouterClient, ChatError

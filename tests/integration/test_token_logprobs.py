@@ -15,7 +15,8 @@ from tiermesh.client import AsyncRouterClient, DeltaEvent, FinalEvent, event_to_
 from tiermesh.client.status_details import parse_status_details
 from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
 
-from services.common.config import TierConfig, build_config
+from services.common.config import TierConfig
+from services.common.config_loading import build_config
 from services.tier.echo_engine import ECHO_LOGPROB
 from services.tier.server import TierServer, start_tier
 from tests.integration.mesh import Mesh, start_mesh

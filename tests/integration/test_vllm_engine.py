@@ -17,7 +17,8 @@ import pytest
 from tiermesh.v1 import common_pb2, tier_pb2, tier_pb2_grpc
 
 from services.common.child_process import Child
-from services.common.config import TierConfig, build_config
+from services.common.config import TierConfig
+from services.common.config_loading import build_config
 from services.common.ports import free_port
 from services.tier.server import start_tier
 from tests.integration.processes import wait_serving, write_toml

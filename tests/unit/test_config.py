@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from services.common.config import RouterConfig, TierConfig, build_config, load_config
+from services.common.config import RouterConfig, TierConfig
+from services.common.config_loading import build_config, load_config
 from services.common.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

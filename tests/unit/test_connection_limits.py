@@ -13,7 +13,8 @@ import pytest
 
 from services.chaos.faults import SLOW_CONNECTIONS, fault_targets, parse_faults
 from services.chaos.slow_connections import SlowTally
-from services.common.config import GatewayConfig, build_config
+from services.common.config import GatewayConfig
+from services.common.config_loading import build_config
 from services.common.descriptors import (
     connection_cap,
     open_descriptors,

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from tiermesh.v1 import router_pb2
 
-from services.common.config import RouterConfig, build_config
+from services.common.config import RouterConfig
+from services.common.config_loading import build_config
 from services.router.chat_planning import check_chat_request, escalation_of, plan_chat
 from services.router.escalation import Escalation
 from services.router.policy import RouteChoice

@@ -89,7 +89,8 @@ def test_every_prompt_fits_the_built_in_context_with_the_routers_max_tokens() ->
     labels ask for the router's max_tokens, so every dev and test prompt must leave room."""
     from transformers import AutoTokenizer
 
-    from services.common.config import RouterConfig, load_config
+    from services.common.config import RouterConfig
+    from services.common.config_loading import load_config
     from services.tier.tokenizer_loading import render_prompt
 
     model = Path(__file__).resolve().parents[2] / "services" / "tier_small" / "model"

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from services.common.config import TierConfig, build_config
+from services.common.config import TierConfig
+from services.common.config_loading import build_config
 from services.common.errors import ConfigError
 from services.tier.factory import create_engine
 from services.tier.openai_engine import OpenAiEngine

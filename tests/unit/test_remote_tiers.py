@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from services.common.config import TierConfig, load_config
+from services.common.config import TierConfig
+from services.common.config_loading import load_config
 from services.common.errors import ConfigError
 from services.launcher.echo_tiers import EchoSettings
 from services.launcher.local_mesh import plan_children, tier_config_path

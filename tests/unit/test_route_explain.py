@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from services.common.config import RouterConfig, load_config
+from services.common.config import RouterConfig
+from services.common.config_loading import load_config
 from services.router.complexity_model import ComplexityModel, gram_index
 from services.router.policy import RoutingInput
 from services.router.policy_factory import create_policy

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from services.common.config import TierConfig, build_config
+from services.common.config import TierConfig
+from services.common.config_loading import build_config
 from services.common.errors import ConfigError
 from services.launcher.run_options import engine_option, tier_engines, vllm_tiers
 from services.launcher.vllm_tiers import require_python, vllm_python, write_vllm_config
