@@ -54,6 +54,10 @@ class TierConfig:
     batching: bool = True  # continuous batching over a KV-cache pool (GPT-2 models), else
     # one decode thread per request with its own growing cache
     kv_max_len: int = 0  # positions per KV-cache pool slot; 0 = the model's context length
+    # batching: a critical request is prefilled the moment it arrives, on a thread of its own at
+    # the serving threads' priority, beside the batch's pass under way (its first token waits
+    # for no other pass); false = it waits for the loop's next plan like the others
+    critical_lane: bool = True
     prefill_tokens_per_step: int = 512  # batching: prompt tokens prefilled between decode steps
     # tensorrt_llm only: share of free GPU memory for the KV cache when kv_max_len is 0, and
     # the most tokens one scheduler iteration may process (0 = the library's default)

@@ -6,7 +6,12 @@ request is admitted, so the loop never meets a full pool) and joins between step
 step does is decided by the step planner (step_planner.py: which requests prefill together and
 in how many passes within the step's prompt-token budget, which rows decode, which leave); this
 loop builds the planner's state, asks, and carries the plan out: the forward passes, token
-choice, streaming and freeing slots. One request's own failure (non-finite logits, sampling,
+choice, streaming and freeing slots. A critical request may skip the wait for the pass under
+way: with a critical lane (a second thread, at the tier's serving priority rather than the
+model's lowered one), it is prefilled there the moment it arrives, beside whatever pass the loop
+runs (other slots of the pool: the two never touch the same one), its first token streamed at
+once, and it joins the decode batch at the loop's next plan as a running row. One request's own
+failure (non-finite logits, sampling,
 detokenising) fails that request alone: the rest of the batch goes on. Two typed seams, both
 off by default: a StepObserver sees each plan before it runs, a LogitsTransform may rewrite a
 pass's logits before tokens are chosen. Knows torch and an architecture's pooled passes
@@ -34,7 +39,7 @@ from services.tier.kv_pool import KvCachePool
 from services.tier.model_loading import LoadedModel
 from services.tier.pooled_models import PooledPasses
 from services.tier.prepared_request import PreparedRequest
-from services.tier.queue_order import INTERACTIVE, RANK
+from services.tier.queue_order import CRITICAL, INTERACTIVE, RANK
 from services.tier.step_planner import (
     RowStatus,
     RunningRow,
@@ -74,6 +79,7 @@ class ScheduledRequest:
     generated: int = 0
     generator: torch.Generator | None = field(default=None, repr=False)
     ended: bool = False  # its stream has ended (finished or failed); the next plan frees its slot
+    prefilled: bool = False  # prefilled in the critical lane: it joins the running rows
 
     def waiting(self) -> WaitingRequest:
         """This request as the step planner sees it before its prefill."""
@@ -117,7 +123,8 @@ class LogitsTransform(Protocol):
     """Rewrites a forward pass's logits before each row's next token is chosen from them: given
     the rows' requests, in row order, and their logits (B, V), returns logits of the same shape
     (the same tensor, or a new one: never change it in place). Called on the scheduler's thread
-    for every prefill and decode pass. A row it makes non-finite fails that request alone, as a
+    for every prefill and decode pass (and on the critical lane's thread for its prefills). A row
+    it makes non-finite fails that request alone, as a
     row whose activations overflow would. None in service: tokens are chosen from the model's
     logits as they are."""
 
@@ -143,7 +150,11 @@ class BatchScheduler:
         *,
         observer: StepObserver = NO_STEP_OBSERVER,
         logits_transform: LogitsTransform | None = None,
+        critical_lane: ThreadPoolExecutor | None = None,
     ) -> None:
+        """`critical_lane`: the one thread critical requests are prefilled on as they arrive
+        (see the module's docstring), shut down with the scheduler; None: they wait for the
+        loop's next plan, as the others do (the planner prefills them first, alone)."""
         self._loaded = loaded
         self._passes = passes
         self._pool = pool
@@ -161,6 +172,9 @@ class BatchScheduler:
         self.batched_tokens = 0
         self.prefills = 0  # prefill forward passes
         self.prefilled_requests = 0  # requests they prefilled
+        self.lane_prefills = 0  # critical requests prefilled in the critical lane
+        self._lane = critical_lane
+        self._lane_lock = threading.Lock()  # submit() against shutdown(): never a lost request
         self.busy = BusyWindow()  # prefill and decode time: the loop's utilisation
 
     def warm_up(self) -> None:
@@ -178,16 +192,56 @@ class BatchScheduler:
 
     def start(self, torch_thread: ThreadPoolExecutor) -> None:
         """Runs the loop on `torch_thread`: the one thread that issues this model's torch ops
-        (two threads issuing ops each get an OpenMP team, and the teams fight for the cores)."""
+        but for the critical lane's prefills (two threads issuing ops each get an OpenMP team,
+        and the teams fight for the cores: the lane's only while a critical prefill runs)."""
         self._done = torch_thread.submit(self._run)
 
+    def warm_up_lane(self) -> None:
+        """warm_up's prefill on the critical lane's thread, whose first forward pays the same
+        costs; nothing without a lane. Call before start()."""
+        if self._lane is not None:
+            self._lane.submit(self._warm_prefill).result()
+
+    def _warm_prefill(self) -> None:
+        slot = self._pool.acquire()
+        try:
+            self._passes.prefill(
+                self._loaded.model, self._pool, self._pool.prefill_batch([slot], [[0]])
+            )
+        finally:
+            self._pool.release(slot)
+
     def submit(self, request: ScheduledRequest) -> None:
+        if request.prepared.priority == CRITICAL:
+            with self._lane_lock:
+                if self._lane is not None:
+                    self._lane.submit(self._prefill_in_lane, request)
+                    return
         self._inbox.put_nowait(request)
 
     def shutdown(self) -> None:
+        with self._lane_lock:  # requests submitted from now on go to the loop, which ends them
+            lane, self._lane = self._lane, None
+        if lane is not None:  # its requests reach the inbox before the loop's last look at it
+            lane.shutdown(wait=True)
         self._closing.set()
         if self._done is not None:
             self._done.result(timeout=30)
+
+    def _prefill_in_lane(self, request: ScheduledRequest) -> None:
+        """On the critical lane: prefills one critical request and streams its first token,
+        then hands it to the loop as a running row. A request stopped before, or a scheduler
+        closing, hands it over unprefilled: the loop drops it (or ends it as it closes)."""
+        if not (request.stop.is_set() or self._closing.is_set()):
+            self._seed(request)
+            try:
+                self._choose([request], self._prefill([request]))
+                self.lane_prefills += 1
+            except Exception as e:
+                log.exception("prefill of %s failed", request.prepared.request_id)
+                self._fail(request, RequestFailed(f"prefill failed: {e!r}"))
+            request.prefilled = True
+        self._inbox.put_nowait(request)
 
     def _run(self) -> None:
         while not self._closing.is_set():
@@ -255,12 +309,18 @@ class BatchScheduler:
             self._step([self._active[row.slot] for row in plan.decode])
 
     def _take_arrivals(self) -> None:
-        """Moves what the inbox holds to the waiting requests, in arrival order."""
+        """Moves what the inbox holds to the waiting requests, in arrival order (to the running
+        rows, those the critical lane prefilled)."""
         while True:
             try:
-                request = self._inbox.get_nowait()
+                self._arrive(self._inbox.get_nowait())
             except queue.Empty:
                 return
+
+    def _arrive(self, request: ScheduledRequest) -> None:
+        if request.prefilled:
+            self._active[request.slot] = request
+        else:
             self._waiting[request.slot] = request
 
     def _wait_for_arrival(self) -> None:
@@ -270,7 +330,7 @@ class BatchScheduler:
             request = self._inbox.get(timeout=0.05)
         except queue.Empty:
             return
-        self._waiting[request.slot] = request
+        self._arrive(request)
 
     def _release(self, request: ScheduledRequest) -> None:
         self._pool.release(request.slot)
@@ -285,10 +345,7 @@ class BatchScheduler:
         forward fails, each is prefilled alone, so a failure stays with its request."""
         self._active.update((request.slot, request) for request in requests)
         for request in requests:
-            sampling = request.prepared.sampling
-            if not sampling.greedy and sampling.seed is not None:
-                device = self._loaded.device
-                request.generator = torch.Generator(device=device).manual_seed(sampling.seed)
+            self._seed(request)
         if len(requests) > 1:
             try:
                 self._choose(requests, self._prefill(requests))
@@ -301,6 +358,13 @@ class BatchScheduler:
             except Exception as e:
                 log.exception("prefill of %s failed", request.prepared.request_id)
                 self._fail(request, RequestFailed(f"prefill failed: {e!r}"))
+
+    def _seed(self, request: ScheduledRequest) -> None:
+        """A sampled request with a seed gets its own generator, before its first token."""
+        sampling = request.prepared.sampling
+        if not sampling.greedy and sampling.seed is not None:
+            device = self._loaded.device
+            request.generator = torch.Generator(device=device).manual_seed(sampling.seed)
 
     def _prefill(self, requests: list[ScheduledRequest]) -> torch.Tensor:
         batch = self._pool.prefill_batch(

@@ -122,6 +122,9 @@ class TorchEngine(EngineLifecycle):
                 self._torch_thread, passes.create_pool, loaded.model, cfg.running_slots, max_len
             )
             self.startup_s["kv_pool"] = time.perf_counter() - started
+            lane = None
+            if cfg.critical_lane:  # at the serving threads' priority: not lowered
+                lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"critical-{cfg.name}")
             self._scheduler = BatchScheduler(
                 loaded,
                 passes,
@@ -129,9 +132,11 @@ class TorchEngine(EngineLifecycle):
                 cfg.prefill_tokens_per_step,
                 observer=self._step_observer,
                 logits_transform=self._logits_transform,
+                critical_lane=lane,
             )
             started = time.perf_counter()
             await loop.run_in_executor(self._torch_thread, self._scheduler.warm_up)
+            await asyncio.to_thread(self._scheduler.warm_up_lane)
             self.startup_s["warm_up"] = time.perf_counter() - started
             self._scheduler.start(self._torch_thread)
             log.info(
