@@ -11,12 +11,11 @@ way: with a critical lane (a second thread, at the tier's serving priority rathe
 model's lowered one), it is prefilled there the moment it arrives, beside whatever pass the loop
 runs (other slots of the pool: the two never touch the same one), its first token streamed at
 once, and it joins the decode batch at the loop's next plan as a running row. One request's own
-failure (non-finite logits, sampling,
-detokenising) fails that request alone: the rest of the batch goes on. Two typed seams, both
-off by default: a StepObserver sees each plan before it runs, a LogitsTransform may rewrite a
-pass's logits before tokens are chosen. Knows torch and an architecture's pooled passes
-(pooled_models.py: GPT-2, the Llama family); nothing of asyncio or gRPC: results leave through
-each request's ChunkSink.
+failure (non-finite logits, sampling, detokenising) fails that request alone: the rest of the
+batch goes on. Two typed seams, both off by default: a StepObserver sees each plan before it
+runs, a LogitsTransform may rewrite a pass's logits before tokens are chosen. Knows torch and
+an architecture's pooled passes (pooled_models.py: GPT-2, the Llama family); nothing of asyncio
+or gRPC: results leave through each request's ChunkSink.
 """
 
 from __future__ import annotations
@@ -124,9 +123,8 @@ class LogitsTransform(Protocol):
     the rows' requests, in row order, and their logits (B, V), returns logits of the same shape
     (the same tensor, or a new one: never change it in place). Called on the scheduler's thread
     for every prefill and decode pass (and on the critical lane's thread for its prefills). A row
-    it makes non-finite fails that request alone, as a
-    row whose activations overflow would. None in service: tokens are chosen from the model's
-    logits as they are."""
+    it makes non-finite fails that request alone, as a row whose activations overflow would.
+    None in service: tokens are chosen from the model's logits as they are."""
 
     def __call__(
         self, requests: Sequence[PreparedRequest], logits: torch.Tensor
@@ -233,8 +231,8 @@ class BatchScheduler:
         then hands it to the loop as a running row. A request stopped before, or a scheduler
         closing, hands it over unprefilled: the loop drops it (or ends it as it closes)."""
         if not (request.stop.is_set() or self._closing.is_set()):
-            self._seed(request)
             try:
+                self._seed(request)
                 self._choose([request], self._prefill([request]))
                 self.lane_prefills += 1
             except Exception as e:

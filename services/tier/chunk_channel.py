@@ -24,11 +24,12 @@ class _End:
 class ChunkChannel(Generic[T]):
     """Carries at most `capacity` items, then one end.
 
-    put(), close() and fail() are called from one producer thread (never the loop's: they
-    schedule onto the loop and return at once, so a decode thread never waits for a slow
-    consumer). Iteration happens on the loop. The bound is the request's own: an engine sizes
-    the channel to the most chunks the request can produce (max_tokens), and a put past it is
-    a bug, raised as OverflowError on the producer thread.
+    put(), close() and fail() are called from one producer thread at a time, in order (the
+    torch engine's critical lane hands a request to its batch loop through a queue), never from
+    the loop's (they schedule onto the loop and return at once, so a decode thread never waits
+    for a slow consumer). Iteration happens on the loop. The bound is the request's own: an
+    engine sizes the channel to the most chunks the request can produce (max_tokens), and a put
+    past it is a bug, raised as OverflowError on the producer thread.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, capacity: int) -> None:

@@ -33,7 +33,8 @@ class ChunkSink(Protocol):
     """Where a decode thread sends one request's chunks (chunk_channel.ChunkChannel).
 
     put() for each chunk, then exactly one of close() (the stream ended or was stopped) or
-    fail(error) (decoding failed; the consumer raises the error). Called from one thread.
+    fail(error) (decoding failed; the consumer raises the error). Called from one thread at a
+    time, in order (a critical request's first chunk from the lane's, the rest from the loop's).
     """
 
     def put(self, item: GenerationChunk) -> None: ...

@@ -141,12 +141,13 @@ class TorchEngine(EngineLifecycle):
             self._scheduler.start(self._torch_thread)
             log.info(
                 "tier %s: continuous batching (%s) over a KV pool of %d slots x %d positions, "
-                "%.1f MB",
+                "%.1f MB; critical lane %s",
                 cfg.name,
                 passes.architecture,
                 cfg.running_slots,
                 max_len,
                 self._pool.bytes / 1e6,
+                "on" if lane is not None else "off",
             )
         else:
             log.info("tier %s: one decode thread per request (%s)", cfg.name, passes)
