@@ -10,6 +10,7 @@ learning, which watch the events it yields (chat_events.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection
 from typing import Any
@@ -49,16 +50,20 @@ class ChatSession:
         call_timeout_s: float | None = None,
         stall_s: float | None = None,
         room: Callable[[str, Collection[str]], bool] | None = None,
+        queueing: Callable[[str], bool] | None = None,
     ) -> None:
         """Tier calls carry the client's deadline, else `call_timeout_s` (None: none); a call
         with no chunk for `stall_s` fails (None: never). `room(tier, tried)`: whether a replica
         of the tier, none of those tried, would start a call at once; a call refused for
         overload (RESOURCE_EXHAUSTED) moves on only to such a tier, else the refusal is the
-        answer (None: it moves on like any failure)."""
+        answer (None: it moves on like any failure). `queueing(endpoint)`: whether the replica
+        reports requests waiting, so a call to it with no chunk yet may be queued there rather
+        than stalled (None: every silent call is stalled after `stall_s`)."""
         self._plan = plan
         self._tiers = tiers
         self._stall_s = stall_s
         self._room = room
+        self._queueing = queueing
         named = {*plan.tiers, *plan.fallbacks, *filter(None, [plan.fallback_tier])}
         replicas = {tier: len(tiers.endpoints(tier)) for tier in named}
         # the deadline from now: time_remaining_s was read just before (after any wait to plan)
@@ -110,8 +115,16 @@ class ChatSession:
         tier = opening.tier
         tried = {call.endpoint for call in self._calls.values()}
         endpoint = self._tiers.pick(tier, tried) or self._tiers.endpoints(tier)[0]
+        queued = None if self._queueing is None else functools.partial(self._queueing, endpoint)
         self._calls[action.call] = TierCall(
-            self._tiers, tier, endpoint, request, action.timeout_s, opening.metadata, self._stall_s
+            self._tiers,
+            tier,
+            endpoint,
+            request,
+            action.timeout_s,
+            opening.metadata,
+            self._stall_s,
+            queued,
         )
         self._core.opened(action.call, endpoint)
 

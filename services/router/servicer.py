@@ -179,6 +179,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 call_timeout_s=self._config.tier_call_timeout_s,
                 stall_s=self._config.stall_timeout_ms / 1000,
                 room=self._health.has_room,
+                queueing=self._health.queueing,
             )
             observers: list[ChatObserver] = [self._health]
             if telemetry is not NO_TELEMETRY:

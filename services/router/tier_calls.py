@@ -185,23 +185,39 @@ def stalled_error(tier: str, stall_s: float, chunks: int) -> grpc.aio.AioRpcErro
     )
 
 
+QUEUED_RECHECK_S = 0.25  # how often a silent call to a replica with a queue is looked at again
+
+
 class StallWatch:
     """Cancels a call that has been waited on for its next chunk for `stall_s`. One timer per
     call, re-armed only when it fires, so reading a chunk costs two attribute writes; time the
     reader spends elsewhere (its consumer is slow, or it has not started reading) never counts.
+
+    `queued()`, when given, says whether the call may be waiting in its replica's queue (the
+    replica reports, fresh, requests waiting): a call with no chunk yet is not stalled while it
+    does (its tier's admission bounds that wait and refuses past it), and is looked at again
+    every QUEUED_RECHECK_S; a replica that hangs stops reporting and reads as down within the
+    router's load_stale_ms, and its silent calls then fail as stalled.
     """
 
-    def __init__(self, call: GenerateStream, stall_s: float) -> None:
+    def __init__(
+        self, call: GenerateStream, stall_s: float, queued: Callable[[], bool] | None = None
+    ) -> None:
         self._loop = asyncio.get_running_loop()
         self._call = call
         self._stall_s = stall_s
+        self._queued = queued
         self.waiting_since: float | None = None  # the reader awaits a chunk since then
+        self.first = True  # no chunk has come yet
         self.fired = False  # the call was cancelled as stalled
         self._timer = self._loop.call_later(stall_s, self._check)
 
     def _check(self) -> None:
         since, now = self.waiting_since, self._loop.time()
         if since is not None and now - since >= self._stall_s:
+            if self.first and self._queued is not None and self._queued():
+                self._timer = self._loop.call_later(QUEUED_RECHECK_S, self._check)
+                return
             self.fired = True
             self._call.cancel()  # a failure, not the router's choice: TierCall.cancelled stays
             return
@@ -214,8 +230,9 @@ class StallWatch:
 
 class TierCall:
     """One Generate call to one replica of a tier, started at construction; read it with
-    chunks(). A call with no chunk for `stall_s` (the first included) is cancelled and fails
-    UNAVAILABLE. What its chunks carry is the chat session core's to keep (session_calls.py)."""
+    chunks(). A call with no chunk for `stall_s` (the first included, unless `queued()` says it
+    may wait in its replica's queue: StallWatch) is cancelled and fails UNAVAILABLE. What its
+    chunks carry is the chat session core's to keep (session_calls.py)."""
 
     def __init__(
         self,
@@ -226,23 +243,27 @@ class TierCall:
         timeout_s: float | None,
         metadata: Sequence[tuple[str, str]] = (),
         stall_s: float | None = None,
+        queued: Callable[[], bool] | None = None,
     ) -> None:
         self.tier = tier
         self.endpoint = endpoint
         self.stall_s = stall_s
+        self._queued = queued
         self.chunk_count = 0
         self.call = client.generate(tier, endpoint, request, timeout_s, metadata)
 
     async def chunks(self) -> AsyncIterator[tier_pb2.GenerateChunk]:
         """The tier's chunks; raises grpc.aio.AioRpcError with the tier's status on failure."""
         loop = asyncio.get_running_loop()
-        watch = StallWatch(self.call, self.stall_s) if self.stall_s is not None else None
+        watch = None
+        if self.stall_s is not None:
+            watch = StallWatch(self.call, self.stall_s, self._queued)
         try:
             if watch is not None:
                 watch.waiting_since = loop.time()
             async for chunk in self.call:
                 if watch is not None:
-                    watch.waiting_since = None
+                    watch.waiting_since, watch.first = None, False
                 self.chunk_count += 1
                 yield chunk
                 if watch is not None:

@@ -125,6 +125,15 @@ class TierHealth:
                 return True
         return False
 
+    def queueing(self, endpoint: str) -> bool:
+        """Whether the replica is up by its own reports (fresh, serving) and its last load
+        report has requests waiting: a call to it that has sent nothing yet may be waiting there
+        for a running slot, not hung."""
+        if self._reports.endpoint_down(endpoint) is not None:
+            return False
+        load = self._reports.endpoint_load(endpoint)
+        return load is not None and load.serving and load.queued > 0
+
     def pick(self, tier: str, candidates: Sequence[str]) -> str:
         """The replica among `candidates` a new call goes to: able ones before the rest, the
         least loaded first, in turn among equals. A replica past its ejection takes it as its

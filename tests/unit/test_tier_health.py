@@ -152,6 +152,12 @@ class Reports:
     def note_refusal(self, endpoint: str, batch_only: bool = False) -> None:
         self.refusals.append(f"{endpoint} (batch)" if batch_only else endpoint)
 
+    def endpoint_loading(self, endpoint: str) -> bool:
+        return False
+
+    async def changed(self, timeout_s: float) -> None:
+        pass
+
 
 def busy(running: int) -> TierLoad:
     return TierLoad(True, running, 0, 4, 16, 1.0, 2.0)
@@ -224,3 +230,26 @@ def test_a_replica_that_refused_since_its_last_report_has_no_room() -> None:
     assert health.has_room("small", ())
     reports.loads = {"a": replace(busy(1), refusing=True)}  # refused a call at this report
     assert not health.has_room("small", ())
+
+
+@pytest.mark.parametrize(
+    ("load", "down", "queueing"),
+    [
+        (TierLoad(True, 4, 2, 4, 16, 1.0, 2.0), None, True),  # requests wait: ours may be one
+        (TierLoad(True, 4, 0, 4, 16, 1.0, 2.0), None, False),  # full, nobody waits: silent
+        (TierLoad(True, 1, 0, 4, 16, 1.0, 2.0), None, False),
+        (TierLoad(False, 0, 2, 4, 16, 1.0, 2.0), None, False),  # not serving
+        (TierLoad(True, 4, 2, 4, 16, 1.0, 2.0), "silent for 2100 ms", False),  # hung: no reports
+        (None, None, False),  # never reported
+    ],
+)
+def test_a_silent_call_may_be_queued_only_where_a_live_replica_reports_a_queue(
+    load: TierLoad | None, down: str | None, queueing: bool
+) -> None:
+    reports = Reports()
+    if load is not None:
+        reports.loads["a"] = load
+    if down is not None:
+        reports.downs["a"] = down
+    health = TierHealth({"small": ("a",)}, reports, detector(), clock=lambda: 0.0)
+    assert health.queueing("a") is queueing
