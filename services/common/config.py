@@ -58,6 +58,10 @@ class TierConfig:
     # the serving threads' priority, beside the batch's pass under way (its first token waits
     # for no other pass); false = it waits for the loop's next plan like the others
     critical_lane: bool = True
+    # batching: when every running slot is taken, a critical request pauses the newest batch
+    # request running (it keeps its KV-cache slot and goes on where it was once a slot frees)
+    # instead of waiting; up to critical_slots at once, so the KV pool holds that many more
+    critical_pauses_batch: bool = True
     prefill_tokens_per_step: int = 512  # batching: prompt tokens prefilled between decode steps
     # tensorrt_llm only: share of free GPU memory for the KV cache when kv_max_len is 0, and
     # the most tokens one scheduler iteration may process (0 = the library's default)

@@ -21,8 +21,12 @@ place of the newest waiting request of a lower priority, which is refused instea
 request that finds a critical or interactive one waiting is refused at once rather than queued
 to be passed over: under pressure batch absorbs the refusals. Running slots beyond `max_running`
 (`critical_reserve`, a share of it) may be kept for critical requests, so one starts at once
-while the others fill `max_running`. Knows nothing of models or gRPC. Not thread-safe: use from
-one event loop.
+while the others fill `max_running`. Where the engine can pause a running request (`pausable`: how
+many at once), a critical request that finds every slot taken pauses the newest batch request
+running instead of waiting (queue_order.to_pause): the slot holder's `paused` is set, the engine's
+loop leaves it out of its batch, and it keeps its place (its KV cache) until a freed slot resumes
+it, before anyone waiting but a critical request. Knows nothing of models or gRPC. Not
+thread-safe: use from one event loop (the engine's threads only read `SlotHolder.paused`).
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ from services.tier.queue_order import (
     ahead_of,
     may_queue,
     next_to_start,
+    resumes_first,
     to_displace,
+    to_pause,
 )
 
 MAX_WAIT_S = 5.0  # the longest a request without a shorter deadline is expected to wait
@@ -69,14 +75,24 @@ class QueueRefused(Overloaded):
 
 
 @dataclass(eq=False)
+class SlotHolder:
+    """A request holding a running slot, as slot() yields it. `paused`: a critical request took
+    its running slot for now; it keeps its place (and the engine its KV cache) and leaves the
+    batch until it is resumed. Set on the event loop; an engine's thread may read it."""
+
+    priority: str
+    paused: bool = False
+
+
+@dataclass(eq=False)
 class _Waiter:
-    """A request waiting for a running slot: the future is set to True when a slot is handed to
-    it, or to a QueueRefused when a request of a higher priority took its place."""
+    """A request waiting for a running slot: the future is set to its SlotHolder when a slot is
+    handed to it, or to a QueueRefused when a request of a higher priority took its place."""
 
     priority: str
     enqueued: float
     raw_wait_s: float
-    started: asyncio.Future[bool] = field(
+    started: asyncio.Future[SlotHolder] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
 
@@ -89,15 +105,21 @@ class Admission:
         max_wait_s: float = MAX_WAIT_S,
         clock: Callable[[], float] = time.monotonic,
         critical_reserve: float = 0.0,
+        pausable: int = 0,
     ) -> None:
         """`critical_reserve`: running slots beyond `max_running` only critical requests may
-        take, as a share of `max_running` (rounded down)."""
+        take, as a share of `max_running` (rounded down). `pausable`: how many running batch
+        requests critical ones may pause at once (0: none; an engine that can pause sets it, and
+        holds that many more requests' state)."""
         self.max_running = max_running
         self.max_queued = max_queued
         self.max_wait_s = max_wait_s
         self.running = 0
         self.queued = 0
         self.reserve = int(max_running * critical_reserve)  # extra slots for critical requests
+        self.pausable = pausable
+        self.paused = 0  # holders paused for critical requests (not counted in `running`)
+        self._holders: list[SlotHolder] = []  # running or paused, in start order
         self._running_critical = 0
         self.rejected = 0
         self.late_refusals = 0  # refused after waiting in the queue (the estimate was wrong)
@@ -133,18 +155,55 @@ class Admission:
         others = self.running - self._running_critical
         return priority == CRITICAL or others < self.max_running
 
-    def _start(self, priority: str) -> None:
+    def _start(self, priority: str) -> SlotHolder:
         self.running += 1
         self._running_critical += priority == CRITICAL
+        holder = SlotHolder(priority)
+        self._holders.append(holder)
+        return holder
+
+    def _pause_for(self, priority: str) -> bool:
+        """Pauses the running holder a newcomer of `priority` takes the slot of (to_pause), if
+        the engine can pause one more; whether it did."""
+        if self.paused >= self.pausable:
+            return False
+        running = [h for h in self._holders if not h.paused]
+        index = to_pause(priority, [h.priority for h in running])
+        if index is None:
+            return False
+        holder = running[index]
+        holder.paused = True
+        self.paused += 1
+        self.running -= 1
+        self._running_critical -= holder.priority == CRITICAL
+        return True
+
+    def _resume_one(self) -> bool:
+        """Resumes the oldest paused holder into a freed slot if one may take it; whether it
+        did."""
+        for holder in self._holders:
+            if holder.paused and self._can_start(holder.priority):
+                holder.paused = False
+                self.paused -= 1
+                self.running += 1
+                self._running_critical += holder.priority == CRITICAL
+                return True
+        return False
 
     def _raw_wait_s(self, priority: str = INTERACTIVE) -> float:
         """The wait of a request of `priority` arriving now by the hand-over rate alone: 0 while
-        a slot is free for it and nobody it would start after waits, else one hand-over more
-        than the waiting requests it would start after."""
+        a slot is free for it (or a request it may pause runs) and nobody it would start after
+        waits, else one hand-over more than the waiting requests it would start after."""
         ahead = ahead_of(priority, [w.priority for w in self._waiters])
-        if ahead == 0 and self._can_start(priority):
+        if ahead == 0 and (self._can_start(priority) or self._may_pause(priority)):
             return 0.0
         return (ahead + 1) * self._per_handover_s()
+
+    def _may_pause(self, priority: str) -> bool:
+        if self.paused >= self.pausable:
+            return False
+        running = [h.priority for h in self._holders if not h.paused]
+        return to_pause(priority, running) is not None
 
     def correction(self) -> float:
         """Real over expected wait: the running average of the requests that got their slot, or
@@ -175,8 +234,9 @@ class Admission:
     @asynccontextmanager
     async def slot(
         self, deadline_s: float | None = None, priority: str = INTERACTIVE
-    ) -> AsyncIterator[None]:
-        """Holds one running slot for the body; waits in the bounded queue if none is free.
+    ) -> AsyncIterator[SlotHolder]:
+        """Holds one running slot for the body (yields its SlotHolder); waits in the bounded
+        queue if none is free and it may pause nobody.
         `deadline_s`: the seconds the request has left, None = no deadline; `priority`:
         "critical", "interactive" or "batch". Raises QueueRefused without waiting when the queue
         is full of requests of its priority or higher, or the expected wait passes
@@ -188,7 +248,8 @@ class Admission:
         if not may_queue(priority, waiting):  # batch, with people waiting: it would be passed over
             people = len(waiting) - self.queued_batch
             raise self._refuse(f"{people} requests of a higher priority wait", priority=priority)
-        if self.queued >= self.max_queued and not self._can_start(priority):
+        full = not (self._can_start(priority) or self._may_pause(priority))
+        if self.queued >= self.max_queued and full:
             index = to_displace(priority, waiting)
             if index is None:
                 raise self._refuse("queue full", priority=priority)
@@ -201,19 +262,21 @@ class Admission:
             bound = expected <= self.max_wait_s  # a caller with a longer deadline would queue
             raise self._refuse(f"it could not start within {budget:.2f} s", bound, priority)
         if raw == 0:
-            self._start(priority)
+            if not self._can_start(priority):
+                self._pause_for(priority)  # _raw_wait_s found one it may pause
+            holder = self._start(priority)
         else:
-            await self._wait(priority, raw, budget, deadline_s)
+            holder = await self._wait(priority, raw, budget, deadline_s)
         started = self._clock()
         try:
-            yield
+            yield holder
         finally:
-            self._release(priority)
+            self._release(holder)
             self._note_hold(self._clock() - started)
 
     async def _wait(
         self, priority: str, raw: float, budget: float, deadline_s: float | None
-    ) -> None:
+    ) -> SlotHolder:
         """Queues until a slot is handed over (self.running already counts it then)."""
         limit = budget * LATE_FACTOR
         if deadline_s is not None:
@@ -225,18 +288,19 @@ class Admission:
         self.queued += 1
         try:
             async with asyncio.timeout(limit):
-                await waiter.started
+                holder = await waiter.started
         except TimeoutError:
             if not self._leave(waiter):  # handed a slot as the time ran out: pass it on
-                self._release(priority)
+                self._release(waiter.started.result())
             self.late_refusals += 1
             bound = limit < self.max_wait_s * LATE_FACTOR  # a caller without it would wait on
             raise self._refuse(f"no running slot within {limit:.2f} s", bound, priority) from None
         except BaseException:  # cancelled, or displaced (QueueRefused)
             if not self._leave(waiter):  # a slot was handed over as it left: pass it on
-                self._release(priority)
+                self._release(waiter.started.result())
             raise
         self._note_wait(self._clock() - waiter.enqueued, raw)
+        return holder
 
     def _leave(self, waiter: _Waiter) -> bool:
         """Takes a waiter that stops waiting out of the queue; False when a slot had already
@@ -255,20 +319,29 @@ class Admission:
             self._refuse(f"its place in a full queue went to a {by} request", priority=by)
         )
 
-    def _release(self, priority: str) -> None:
-        """A running slot of `priority` ends: handed to the next waiting request if it may take
-        it (a reserved slot waits for a critical one), else freed."""
+    def _release(self, holder: SlotHolder) -> None:
+        """A holder ends. A paused one frees only its place. A running one's slot resumes a
+        paused holder first unless a critical request waits (resumes_first), else it is handed
+        to the next waiting request if that may take it (a reserved slot waits for a critical
+        one), else freed."""
+        self._holders.remove(holder)
+        if holder.paused:
+            self.paused -= 1
+            return
         ended = self._clock()
         self.running -= 1
-        self._running_critical -= priority == CRITICAL
+        self._running_critical -= holder.priority == CRITICAL
+        waiting = [w.priority for w in self._waiters]
+        if self.paused and resumes_first(waiting) and self._resume_one():
+            self._last_release = ended
+            return
         if self._waiters:
             waiter = self._waiters[next_to_start([w.priority for w in self._waiters])]
             if self._can_start(waiter.priority):  # one hand-over, timed
                 self._note_handover(ended - max(self._last_release, self._waiting_since))
                 self._waiters.remove(waiter)
                 self.queued -= 1
-                self._start(waiter.priority)
-                waiter.started.set_result(True)
+                waiter.started.set_result(self._start(waiter.priority))
         self._last_release = ended
 
     def _note_hold(self, seconds: float) -> None:

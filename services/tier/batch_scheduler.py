@@ -88,6 +88,7 @@ class ScheduledRequest:
             self.prepared.request_id,
             self.stop.is_set(),
             RANK.get(self.prepared.priority, RANK[INTERACTIVE]),
+            self.prepared.paused(),
         )
 
     def row(self) -> RunningRow:
@@ -97,6 +98,8 @@ class ScheduledRequest:
             status = RowStatus.ENDED
         elif self.stop.is_set():
             status = RowStatus.STOPPED
+        elif self.prepared.paused():
+            status = RowStatus.PAUSED
         return RunningRow(self.slot, status, self.prepared.request_id)
 
 

@@ -206,11 +206,13 @@ class EngineLifecycle(ABC):
         deadline_s = request.deadline_s
         if deadline_s is not None:
             deadline_s -= time.perf_counter() - received
-        async with self._admission.slot(deadline_s, request.priority):
+        async with self._admission.slot(deadline_s, request.priority) as holder:
             self.check_health()
             meter = UsageMeter(len(prepared.prompt_ids), received)
             finished = False
             stops = StopSequences(prepared.sampling.stop) if prepared.sampling.stop else None
+            if self._admission.pausable:
+                prepared = replace(prepared, paused=lambda: holder.paused)
             stream = self._decode(prepared)
             async with contextlib.aclosing(stream):
                 async for decoded in stream:

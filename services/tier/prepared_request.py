@@ -7,7 +7,8 @@ Plain data and pure functions: knows the tokenizer helpers, nothing of torch, as
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.errors import InvalidArgument, PromptTooLong
@@ -50,6 +51,9 @@ class PreparedRequest:
     continued_chars: int = 0  # characters of the continued tokens' text the caller has
     continued_logprobs: tuple[float, ...] = ()  # one per continued token, or () = not known
     priority: str = "interactive"  # critical, interactive or batch: the order of prefills
+    # whether admission has paused it for a critical request (it sits out until resumed); read
+    # by an engine that can pause (admission.SlotHolder.paused), from any thread
+    paused: Callable[[], bool] = field(default=lambda: False, compare=False, repr=False)
 
     @property
     def rendered_prompt_ids(self) -> tuple[int, ...]:

@@ -5,7 +5,10 @@ requests' priorities in arrival order; admission.py does the waiting.
 Critical starts before interactive, interactive before batch; within a priority, arrival order.
 A batch request does not join a queue where a request of a higher priority already waits: it
 would be passed over for as long as they keep coming, and then refused late (or its place taken);
-refused at once it can retry when the people have been served.
+refused at once it can retry when the people have been served. Where the engine can pause a
+running request (it keeps its KV cache and goes on where it was), a critical request that finds
+no free slot pauses the newest batch request running instead of waiting; a freed slot resumes a
+paused request before it starts a waiting one, unless a critical request waits.
 """
 
 from __future__ import annotations
@@ -57,3 +60,21 @@ def to_displace(priority: str, waiting: Sequence[str]) -> int | None:
         return None
     lowest = max(ranks)
     return len(ranks) - 1 - ranks[::-1].index(lowest)
+
+
+def to_pause(priority: str, running: Sequence[str]) -> int | None:
+    """The index of the running request (in start order, the paused ones left out) a newcomer of
+    `priority` that finds no free slot pauses: for a critical one the newest batch request;
+    None when it is not critical or no batch request runs."""
+    if _rank(priority) != RANK[CRITICAL]:
+        return None
+    ranks = [_rank(p) for p in running]
+    if RANK[BATCH] not in ranks:
+        return None
+    return len(ranks) - 1 - ranks[::-1].index(RANK[BATCH])
+
+
+def resumes_first(waiting: Sequence[str]) -> bool:
+    """Whether a freed slot goes to a paused request (it holds its KV cache and was started
+    before anyone waiting) rather than to the next waiting one: unless a critical one waits."""
+    return all(_rank(p) != RANK[CRITICAL] for p in waiting)

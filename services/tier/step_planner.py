@@ -23,6 +23,10 @@ A step runs prefill passes, then one decode pass:
 4. When no more is to be prefilled, every running row decodes one token, together; that ends the
    step (requests still waiting then start the next). With nothing running and nothing waiting,
    the plan is to wait for an arrival.
+
+A request paused for a critical one (admission.py) sits out: a paused row is neither decoded nor
+freed (it keeps its slot and goes on where it was once resumed), a paused waiting request is not
+prefilled; one whose caller stopped it leaves all the same.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class RowStatus(Enum):
     """Where a running row stands, as the scheduler last saw it."""
 
     DECODING = "decoding"  # it goes on: one token a step
+    PAUSED = "paused"  # paused for a critical request: it sits out, keeping its slot
     STOPPED = "stopped"  # its caller stopped it (left, aborted, or the engine is closing)
     ENDED = "ended"  # its stream has ended (finished or failed): only its slot is left to free
 
@@ -50,6 +55,7 @@ class WaitingRequest:
     request_id: str = ""  # for observers and logs; never used to decide
     stopped: bool = False  # its caller stopped it before its prefill
     rank: int = 1  # its priority's place (queue_order.RANK): lower is prefilled first
+    paused: bool = False  # paused for a critical request: not prefilled until resumed
 
 
 @dataclass(frozen=True)
@@ -101,7 +107,8 @@ def plan_step(state: SchedulerState) -> StepPlan:
     evict = () if progress.after_prefill else _with(state.running, RowStatus.STOPPED)
     left = {row.slot for row in (*free, *evict)}
     rows = tuple(r for r in state.running if r.slot not in left)
-    by_priority = tuple(sorted(state.waiting, key=lambda w: w.rank))  # stable: arrival order
+    ready = (w for w in state.waiting if w.stopped or not w.paused)
+    by_priority = tuple(sorted(ready, key=lambda w: w.rank))  # stable: arrival order
     if by_priority and by_priority[0].rank == CRITICAL_RANK:  # their pass carries them alone
         by_priority = tuple(w for w in by_priority if w.rank == CRITICAL_RANK)
     group = take_within_budget(by_priority, state.budget - progress.prompt_tokens)
@@ -114,8 +121,9 @@ def plan_step(state: SchedulerState) -> StepPlan:
             prefill=tuple(w for w in group if not w.stopped),
             resume=StepProgress(after_prefill=True, prompt_tokens=taken),
         )
-    wait = not rows and not state.waiting
-    return StepPlan(free=free, evict=evict, decode=rows, wait=wait)
+    decode = tuple(r for r in rows if r.status is not RowStatus.PAUSED)
+    wait = not decode and not by_priority
+    return StepPlan(free=free, evict=evict, decode=decode, wait=wait)
 
 
 def take_within_budget(

@@ -117,9 +117,12 @@ class TorchEngine(EngineLifecycle):
             started = time.perf_counter()
             await loop.run_in_executor(self._torch_thread, passes.prepare, loaded.model)
             self.startup_s["weight_layout"] = time.perf_counter() - started
+            # a batch request paused for a critical one keeps its slot: that many more
+            pausable = cfg.critical_slots if cfg.critical_pauses_batch else 0
+            slots = cfg.running_slots + pausable
             started = time.perf_counter()
             self._pool = await loop.run_in_executor(
-                self._torch_thread, passes.create_pool, loaded.model, cfg.running_slots, max_len
+                self._torch_thread, passes.create_pool, loaded.model, slots, max_len
             )
             self.startup_s["kv_pool"] = time.perf_counter() - started
             lane = None
@@ -139,12 +142,13 @@ class TorchEngine(EngineLifecycle):
             await asyncio.to_thread(self._scheduler.warm_up_lane)
             self.startup_s["warm_up"] = time.perf_counter() - started
             self._scheduler.start(self._torch_thread)
+            self._admission.pausable = pausable
             log.info(
                 "tier %s: continuous batching (%s) over a KV pool of %d slots x %d positions, "
                 "%.1f MB; critical lane %s",
                 cfg.name,
                 passes.architecture,
-                cfg.running_slots,
+                slots,
                 max_len,
                 self._pool.bytes / 1e6,
                 "on" if lane is not None else "off",

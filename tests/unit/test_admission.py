@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
 from services.common.errors import Overloaded
-from services.tier.admission import Admission
+from services.tier.admission import Admission, SlotHolder
 
 
 def holding(admission: Admission, release: asyncio.Event) -> asyncio.Task[None]:
@@ -213,3 +214,78 @@ async def test_a_slot_a_critical_request_leaves_is_kept_for_the_next_one() -> No
     hold.set()
     await asyncio.gather(*others, waiting, second)
     assert (admission.running, admission.queued) == (0, 0)
+
+
+async def _settle() -> None:
+    """Lets every task that can run do so: a release hands a slot over, its taker resumes."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_critical_request_pauses_the_newest_batch_one_and_resumes_it_after() -> None:
+    admission = Admission(max_running=2, max_queued=4, critical_reserve=0.5, pausable=1)
+    done = {name: asyncio.Event() for name in ("b1", "b2", "c1", "c2", "c3")}
+    holders: dict[str, SlotHolder] = {}
+
+    async def run(name: str, priority: str) -> None:
+        async with admission.slot(priority=priority) as holder:
+            holders[name] = holder
+            await done[name].wait()
+
+    tasks = [asyncio.create_task(run("b1", "batch")), asyncio.create_task(run("b2", "batch"))]
+    tasks.append(asyncio.create_task(run("c1", "critical")))  # the reserved slot
+    await _settle()
+    assert (admission.running, admission.paused, admission.queued) == (3, 0, 0)
+    tasks.append(asyncio.create_task(run("c2", "critical")))  # every slot taken: pauses b2
+    await _settle()
+    assert "c2" in holders and holders["b2"].paused and not holders["b1"].paused
+    assert (admission.running, admission.paused, admission.queued) == (3, 1, 0)
+    tasks.append(asyncio.create_task(run("c3", "critical")))  # one pause at once: it waits
+    await _settle()
+    assert "c3" not in holders and (admission.running, admission.paused, admission.queued) == (
+        3,
+        1,
+        1,
+    )
+    done["c2"].set()  # a waiting critical request goes before the paused one
+    await _settle()
+    assert "c3" in holders and holders["b2"].paused
+    done["c3"].set()  # now the paused one resumes
+    await _settle()
+    assert not holders["b2"].paused and (admission.running, admission.paused) == (3, 0)
+    for event in done.values():
+        event.set()
+    await asyncio.gather(*tasks)
+    assert (admission.running, admission.paused, admission.queued) == (0, 0, 0)
+
+
+async def test_a_paused_request_that_leaves_frees_its_place_and_people_are_never_paused() -> None:
+    admission = Admission(max_running=1, max_queued=2, pausable=1)
+    done = {name: asyncio.Event() for name in ("b", "c", "i", "c2")}
+    holders: dict[str, SlotHolder] = {}
+
+    async def run(name: str, priority: str) -> None:
+        async with admission.slot(priority=priority) as holder:
+            holders[name] = holder
+            await done[name].wait()
+
+    batch = asyncio.create_task(run("b", "batch"))
+    await _settle()
+    critical = asyncio.create_task(run("c", "critical"))
+    await _settle()
+    assert holders["b"].paused and (admission.running, admission.paused) == (1, 1)
+    batch.cancel()  # its caller left while paused: its place is free, no slot changes hands
+    with contextlib.suppress(asyncio.CancelledError):
+        await batch
+    assert (admission.running, admission.paused) == (1, 0)
+    done["c"].set()
+    await critical
+    people = asyncio.create_task(run("i", "interactive"))
+    await _settle()
+    other = asyncio.create_task(run("c2", "critical"))  # an interactive request is not paused
+    await _settle()
+    assert not holders["i"].paused and "c2" not in holders and admission.queued == 1
+    done["i"].set()
+    done["c2"].set()
+    await asyncio.gather(people, other)
+    assert (admission.running, admission.paused, admission.queued) == (0, 0, 0)

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from services.tier.queue_order import ahead_of, may_queue, next_to_start, to_displace
+from services.tier.queue_order import (
+    ahead_of,
+    may_queue,
+    next_to_start,
+    resumes_first,
+    to_displace,
+    to_pause,
+)
 
 C, N, B = "critical", "interactive", "batch"  # N: normal
 
@@ -82,3 +89,34 @@ def test_unknown_priorities_and_an_empty_queue_are_errors() -> None:
         ahead_of("urgent", [])
     with pytest.raises(ValueError, match="nobody is waiting"):
         next_to_start([])
+
+
+PAUSE = [
+    # (newcomer, running in start order, the one it pauses)
+    ("critical", ["batch", "interactive", "batch", "interactive"], 2),  # the newest batch
+    ("critical", ["batch"], 0),
+    ("critical", ["interactive", "critical"], None),  # people's requests are never paused
+    ("critical", [], None),
+    ("interactive", ["batch", "batch"], None),  # only a critical request pauses anyone
+    ("batch", ["batch"], None),
+]
+RESUME = [
+    # (waiting, whether a freed slot resumes a paused request first)
+    ([], True),
+    (["interactive", "batch"], True),  # it was started before them, and holds its KV cache
+    (["batch", "critical"], False),  # a waiting critical request goes first
+]
+
+
+@pytest.mark.parametrize(("priority", "running", "expected"), PAUSE)
+def test_a_critical_newcomer_pauses_the_newest_batch_request(
+    priority: str, running: list[str], expected: int | None
+) -> None:
+    assert to_pause(priority, running) == expected
+
+
+@pytest.mark.parametrize(("waiting", "expected"), RESUME)
+def test_a_freed_slot_resumes_a_paused_request_unless_a_critical_one_waits(
+    waiting: list[str], expected: bool
+) -> None:
+    assert resumes_first(waiting) is expected

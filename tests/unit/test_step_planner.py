@@ -23,13 +23,21 @@ from services.tier.step_planner import (
 )
 
 DECODING, STOPPED, ENDED = RowStatus.DECODING, RowStatus.STOPPED, RowStatus.ENDED
+PAUSED = RowStatus.PAUSED
 
 
-def waiting(name: str, tokens: int, stopped: bool = False, rank: int = 1) -> WaitingRequest:
+def waiting(
+    name: str, tokens: int, stopped: bool = False, rank: int = 1, paused: bool = False
+) -> WaitingRequest:
     """A waiting request named by one letter (its slot follows from the letter); rank 0 is a
     critical request, 1 interactive, 2 batch."""
     return WaitingRequest(
-        slot=ord(name), prompt_tokens=tokens, request_id=name, stopped=stopped, rank=rank
+        slot=ord(name),
+        prompt_tokens=tokens,
+        request_id=name,
+        stopped=stopped,
+        rank=rank,
+        paused=paused,
     )
 
 
@@ -90,6 +98,26 @@ def plan_one_step(scenario: Scenario) -> tuple[list[str], str]:
 
 SCENARIOS = [
     Scenario("empty: wait for an arrival", ("wait",)),
+    Scenario(
+        "a row paused for a critical request sits out: neither decoded nor freed",
+        ("decode x z",),
+        running=(row("x"), row("y", PAUSED), row("z")),
+    ),
+    Scenario(
+        "only paused rows: wait (for an arrival, or their resume)",
+        ("wait",),
+        running=(row("y", PAUSED),),
+    ),
+    Scenario(
+        "a paused waiting request is not prefilled; one its caller stopped is dropped",
+        ("drop c; prefill b", "decode b"),
+        waiting=(
+            waiting("a", 5, rank=2, paused=True),
+            waiting("b", 5),
+            waiting("c", 5, True, 2, True),
+        ),
+        left="a",
+    ),
     Scenario("one request", ("prefill a", "decode a"), waiting=(waiting("a", 5),)),
     Scenario(
         "a burst under the budget is prefilled in one pass",

@@ -1,7 +1,9 @@
-"""The torch engine's critical lane, on a real tiny GPT-2 model: a critical request is prefilled
-and streams its first token while the batch loop is held inside a pass (without the lane it
-waits for that pass), its tokens are those it gets alone, and a cancelled or seeded one behaves
-as any other request."""
+"""Critical requests in the torch engine, on a real tiny GPT-2 model. The critical lane: a
+critical request is prefilled and streams its first token while the batch loop is held inside a
+pass (without the lane it waits for that pass), its tokens are those it gets alone, and a
+cancelled or seeded one behaves as any other request. Pausing: with every slot taken, a critical
+request pauses the newest batch request, which sits out of every decode pass while it runs and
+then goes on where it was, its tokens those it gets alone."""
 
 from __future__ import annotations
 
@@ -26,14 +28,18 @@ HOLD_LIMIT_S = 20.0  # a held loop lets go after this, so a failing test ends
 
 class LoopHold:
     """A step observer that, once armed, holds the batch loop at its next decode plan until
-    released (the loop then runs that pass): the loop is busy, as inside a long pass."""
+    released (the loop then runs that pass): the loop is busy, as inside a long pass. It keeps
+    every decode plan's request ids."""
 
     def __init__(self) -> None:
         self.armed = threading.Event()
         self.holding = threading.Event()
         self.release = threading.Event()
+        self.decoded: list[set[str]] = []
 
     def before(self, plan: StepPlan) -> None:
+        if plan.decode:
+            self.decoded.append({row.request_id for row in plan.decode})
         if plan.decode and self.armed.is_set() and not self.release.is_set():
             self.holding.set()
             self.release.wait(HOLD_LIMIT_S)
@@ -187,3 +193,52 @@ async def test_a_seeded_critical_request_samples_as_any_other(
         await engine.shutdown()
     assert results[0] == results[1]
     assert len(results[1][0]) == max_tokens
+
+
+async def test_a_critical_request_pauses_the_newest_batch_one_until_it_ends(
+    tiny_model_dir: Path,
+) -> None:
+    hold = LoopHold()
+    engine = await _engine(tiny_model_dir, hold)  # 2 running slots and 1 for critical requests
+    prompts = {"b1": "Once upon a time", "b2": "The weather today", "c1": "The answer is"}
+    prompts["c2"] = "Please tell me"
+    lengths = {"b1": 400, "b2": 400, "c1": 400, "c2": 12}  # the long ones outlast the set-up
+    streams = {
+        name: engine.generate(
+            GenerationRequest(
+                request_id=name,
+                prompt=prompts[name],
+                max_tokens=lengths[name],
+                priority="batch" if name.startswith("b") else "critical",
+            )
+        )
+        for name in ("b1", "b2", "c1")
+    }
+    try:
+        firsts = {name: await stream.__anext__() for name, stream in streams.items()}
+        assert engine.load().running == 3  # every slot taken
+        await _held(hold)
+        streams["c2"] = engine.generate(
+            GenerationRequest(
+                request_id="c2", prompt=prompts["c2"], max_tokens=12, priority="critical"
+            )
+        )
+        firsts["c2"] = await asyncio.wait_for(streams["c2"].__anext__(), 10)
+        assert hold.holding.is_set()  # it started with every slot taken and the loop held
+        assert (engine.load().running, engine._admission.paused) == (3, 1)
+        hold.release.set()
+        tokens = {"c2": await _tokens(firsts["c2"], streams["c2"])}
+        for name in ("b1", "b2", "c1"):
+            tokens[name] = await _tokens(firsts[name], streams[name])
+        assert engine._admission.paused == 0
+    finally:
+        hold.release.set()
+        for stream in streams.values():
+            await stream.aclose()
+        await engine.shutdown()
+    with_c2 = [ids for ids in hold.decoded if "c2" in ids]
+    assert with_c2 and all("b2" not in ids for ids in with_c2)  # b2 sat out while c2 ran
+    assert all("b1" in ids for ids in with_c2 if "c1" in ids)  # b1 and c1 went on
+    assert any("b2" in ids for ids in hold.decoded[hold.decoded.index(with_c2[-1]) :])
+    for name, prompt in prompts.items():
+        assert tokens[name] == _alone(tiny_model_dir, prompt, lengths[name]), name
