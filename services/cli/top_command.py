@@ -116,6 +116,8 @@ def status_row(tier: str, address: str, status: tier_pb2.TierStatus) -> dict[str
         "engine_running": status.engine_running,
         "engine_waiting": status.engine_waiting,
         "prefix_cache_hit_rate": round(status.prefix_cache_hit_rate, 4),
+        "queued_batch": status.queued_batch,
+        "paused": status.paused,
     }
 
 

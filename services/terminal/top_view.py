@@ -58,7 +58,7 @@ def snapshot_table(snapshot: Snapshot) -> Table:
             row["tier"],
             row["address"],
             "yes" if row["serving"] else "[yellow]no[/yellow]",
-            f"{row['queued']}/{row['max_queued']}",
+            f"{row['queued']}/{row['max_queued']}" + _batch_note(row),
             f"{row['running']}/{row['max_running']}" + _waiting_note(row),
             _kv_cell(row),
             f"{row['decode_busy_share']:.0%}",
@@ -93,10 +93,21 @@ def _kv_cell(row: dict[str, Any]) -> str:
 
 
 def _waiting_note(row: dict[str, Any]) -> str:
-    """After running: the requests an engine with its own scheduler (vllm) holds unscheduled
-    (waiting for KV-cache blocks, or preempted), when there are any."""
-    waiting = row.get("engine_waiting", 0)
-    return f" ({waiting} waiting)" if waiting else ""
+    """After running: the batch requests paused for critical ones, and the requests an engine
+    with its own scheduler (vllm) holds unscheduled (waiting for KV-cache blocks, or
+    preempted), when there are any."""
+    notes = []
+    if paused := row.get("paused", 0):
+        notes.append(f"{paused} paused")
+    if waiting := row.get("engine_waiting", 0):
+        notes.append(f"{waiting} waiting")
+    return f" ({', '.join(notes)})" if notes else ""
+
+
+def _batch_note(row: dict[str, Any]) -> str:
+    """After queued: how many of the waiting requests are batch, when any are."""
+    batch = row.get("queued_batch", 0)
+    return f" ({batch} batch)" if batch else ""
 
 
 def show_top(

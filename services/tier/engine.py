@@ -155,6 +155,7 @@ class EngineLoad:
     engine_waiting: int = 0
     prefix_cache_hit_rate: float = 0.0
     queued_batch: int = 0  # of `queued`, batch requests (those of a higher priority go first)
+    paused: int = 0  # batch requests paused for critical ones (not in `running`)
 
 
 class Engine(Protocol):

@@ -267,6 +267,7 @@ class EngineLifecycle(ABC):
             engine_waiting=footprint.engine_waiting,
             prefix_cache_hit_rate=footprint.prefix_cache_hit_rate,
             queued_batch=self._admission.queued_batch,
+            paused=self._admission.paused,
         )
 
     async def shutdown(self) -> None:

@@ -135,16 +135,18 @@ class EngineSwitch:
         load = self._current.engine.load()
         completed, rejected = self._counted_before
         running, queued, queued_batch = load.running, load.queued, load.queued_batch
+        paused = load.paused
         for serving in self._retiring:
             old = serving.engine.load()
             running, queued = running + old.running, queued + old.queued
-            queued_batch += old.queued_batch
+            queued_batch, paused = queued_batch + old.queued_batch, paused + old.paused
             completed, rejected = completed + old.completed, rejected + old.rejected
         return replace(
             load,
             running=running,
             queued=queued,
             queued_batch=queued_batch,
+            paused=paused,
             completed=load.completed + completed,
             rejected=load.rejected + rejected,
         )

@@ -258,6 +258,7 @@ class TierServicer(tier_pb2_grpc.TierServiceServicer):
             engine_waiting=load.engine_waiting,
             prefix_cache_hit_rate=load.prefix_cache_hit_rate,
             queued_batch=load.queued_batch,
+            paused=load.paused,
             startup_phases=[
                 tier_pb2.StartupPhase(name=name, seconds=seconds)
                 for name, seconds in self.startup.phases

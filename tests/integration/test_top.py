@@ -25,7 +25,7 @@ ROW_FIELDS = {
     "max_running", "kv_pool_used_tokens", "kv_pool_capacity_tokens", "kv_pool_use_share",
     "decode_busy_share", "tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "completed", "rejected",
     "startup_s", "startup_phases", "weights_loading", "last_swap", "engine_running",
-    "engine_waiting", "prefix_cache_hit_rate",
+    "engine_waiting", "prefix_cache_hit_rate", "queued_batch", "paused",
 }  # fmt: skip
 
 
@@ -78,6 +78,13 @@ async def test_top_once_json_reads_every_tier_of_the_router(
         console = Console(record=True, width=200, file=io.StringIO())
         console.print(snapshot_table(snapshot))
         assert "(swapped " in console.export_text()
+        assert all(row["queued_batch"] == row["paused"] == 0 for row in snapshot["tiers"])
+        # batch requests waiting and paused show after queued and running
+        snapshot["tiers"][0] |= {"queued": 5, "queued_batch": 3, "running": 16, "paused": 2}
+        console.print(snapshot_table(snapshot))
+        shown = console.export_text()
+        assert f"5/{snapshot['tiers'][0]['max_queued']} (3 batch)" in shown
+        assert "(2 paused)" in shown
 
         # --tier names replicas directly; one that does not answer gets its error, not a crash
         down = "127.0.0.1:1"

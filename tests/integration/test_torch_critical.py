@@ -225,12 +225,12 @@ async def test_a_critical_request_pauses_the_newest_batch_one_until_it_ends(
         )
         firsts["c2"] = await asyncio.wait_for(streams["c2"].__anext__(), 10)
         assert hold.holding.is_set()  # it started with every slot taken and the loop held
-        assert (engine.load().running, engine._admission.paused) == (3, 1)
+        assert (engine.load().running, engine.load().paused) == (3, 1)
         hold.release.set()
         tokens = {"c2": await _tokens(firsts["c2"], streams["c2"])}
         for name in ("b1", "b2", "c1"):
             tokens[name] = await _tokens(firsts[name], streams[name])
-        assert engine._admission.paused == 0
+        assert engine.load().paused == 0
     finally:
         hold.release.set()
         for stream in streams.values():
