@@ -162,21 +162,23 @@ class Admission:
         self._holders.append(holder)
         return holder
 
-    def _pause_for(self, priority: str) -> bool:
-        """Pauses the running holder a newcomer of `priority` takes the slot of (to_pause), if
-        the engine can pause one more; whether it did."""
+    def _to_pause(self, priority: str) -> SlotHolder | None:
+        """The running holder a newcomer of `priority` would take the slot of (to_pause), if the
+        engine can pause one more; else None."""
         if self.paused >= self.pausable:
-            return False
+            return None
         running = [h for h in self._holders if not h.paused]
         index = to_pause(priority, [h.priority for h in running])
-        if index is None:
-            return False
-        holder = running[index]
+        return None if index is None else running[index]
+
+    def _may_pause(self, priority: str) -> bool:
+        return self._to_pause(priority) is not None
+
+    def _pause(self, holder: SlotHolder) -> None:
         holder.paused = True
         self.paused += 1
         self.running -= 1
         self._running_critical -= holder.priority == CRITICAL
-        return True
 
     def _resume_one(self) -> bool:
         """Resumes the oldest paused holder into a freed slot if one may take it; whether it
@@ -198,12 +200,6 @@ class Admission:
         if ahead == 0 and (self._can_start(priority) or self._may_pause(priority)):
             return 0.0
         return (ahead + 1) * self._per_handover_s()
-
-    def _may_pause(self, priority: str) -> bool:
-        if self.paused >= self.pausable:
-            return False
-        running = [h.priority for h in self._holders if not h.paused]
-        return to_pause(priority, running) is not None
 
     def correction(self) -> float:
         """Real over expected wait: the running average of the requests that got their slot, or
@@ -262,8 +258,8 @@ class Admission:
             bound = expected <= self.max_wait_s  # a caller with a longer deadline would queue
             raise self._refuse(f"it could not start within {budget:.2f} s", bound, priority)
         if raw == 0:
-            if not self._can_start(priority):
-                self._pause_for(priority)  # _raw_wait_s found one it may pause
+            if not self._can_start(priority) and (paused := self._to_pause(priority)):
+                self._pause(paused)  # _raw_wait_s found no free slot but one it may pause
             holder = self._start(priority)
         else:
             holder = await self._wait(priority, raw, budget, deadline_s)
