@@ -11,11 +11,13 @@ from typing import Any
 
 from services.common.config import TierConfig
 from services.tier.engine import Sampling
+from services.tier.queue_order import INTERACTIVE, RANK
 
 
 def engine_args(config: TierConfig) -> dict[str, Any]:
     """vLLM's AsyncEngineArgs for the tier: the pass-through keys as set (0 or "" left to
-    vLLM), eager mode on CPU (no graph capture there), and at most max_num_seqs running."""
+    vLLM), eager mode on CPU (no graph capture there), at most max_num_seqs running, and
+    scheduling by each request's priority (vllm_priority)."""
     args: dict[str, Any] = {
         "model": str(config.model_path),
         "dtype": config.dtype,
@@ -26,6 +28,7 @@ def engine_args(config: TierConfig) -> dict[str, Any]:
         "max_num_seqs": max_num_seqs(config) + config.critical_slots,
         "enable_prefix_caching": config.enable_prefix_caching,
         "disable_log_stats": False,
+        "scheduling_policy": "priority",
     }
     if config.device == "cpu":
         args["enforce_eager"] = True
@@ -36,6 +39,14 @@ def engine_args(config: TierConfig) -> dict[str, Any]:
     if config.quantization:
         args["quantization"] = config.quantization
     return args
+
+
+def vllm_priority(priority: str) -> int:
+    """A request's priority as vLLM's priority scheduling takes it (lower goes first): critical
+    0, interactive 1, batch 2. vLLM schedules waiting requests in that order and, short of
+    KV-cache blocks, preempts the running request of the lowest priority (the newest among
+    equals) first."""
+    return RANK.get(priority, RANK[INTERACTIVE])
 
 
 def max_num_seqs(config: TierConfig) -> int:

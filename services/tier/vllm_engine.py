@@ -40,6 +40,7 @@ from services.tier.vllm_args import (
     max_num_seqs,
     sampling_args,
     top_alternatives,
+    vllm_priority,
 )
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ class VllmEngine(EngineLifecycle):
         prompt = TokensPrompt(prompt_token_ids=list(prepared.prompt_ids))
         generated, finished = 0, False
         self._running.add(rid)
-        outputs = self._llm.generate(prompt, params, rid)
+        outputs = self._llm.generate(prompt, params, rid, priority=vllm_priority(prepared.priority))
         try:
             async for output in outputs:
                 completion = output.outputs[0]

@@ -22,6 +22,7 @@ from services.tier.vllm_args import (
     max_num_seqs,
     sampling_args,
     top_alternatives,
+    vllm_priority,
 )
 
 
@@ -34,7 +35,16 @@ def tier(**fields: Any) -> TierConfig:
 @pytest.mark.parametrize(
     ("fields", "expected"),
     [
-        ({}, {"model": "/m", "max_num_seqs": 4, "enforce_eager": True, "tensor_parallel_size": 1}),
+        (
+            {},
+            {
+                "model": "/m",
+                "max_num_seqs": 4,
+                "enforce_eager": True,
+                "tensor_parallel_size": 1,
+                "scheduling_policy": "priority",
+            },
+        ),
         ({"max_running": 8}, {"max_num_seqs": 8}),
         ({"max_num_seqs": 32, "max_running": 8}, {"max_num_seqs": 32}),
         # critical requests' slots beyond what the tier admits the others to
@@ -186,3 +196,10 @@ def test_bad_engine_options(bad: str) -> None:
 def test_bad_vllm_fields_are_named(fields: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         tier(**fields)
+
+
+@pytest.mark.parametrize(
+    ("priority", "expected"), [("critical", 0), ("interactive", 1), ("batch", 2), ("", 1)]
+)
+def test_vllm_schedules_critical_then_interactive_then_batch(priority: str, expected: int) -> None:
+    assert vllm_priority(priority) == expected
