@@ -185,19 +185,17 @@ def stalled_error(tier: str, stall_s: float, chunks: int) -> grpc.aio.AioRpcErro
     )
 
 
-QUEUED_RECHECK_S = 0.25  # how often a silent call to a replica with a queue is looked at again
-
-
 class StallWatch:
     """Cancels a call that has been waited on for its next chunk for `stall_s`. One timer per
     call, re-armed only when it fires, so reading a chunk costs two attribute writes; time the
     reader spends elsewhere (its consumer is slow, or it has not started reading) never counts.
 
     `queued()`, when given, says whether the call may be waiting in its replica's queue (the
-    replica reports, fresh, requests waiting): a call with no chunk yet is not stalled while it
-    does (its tier's admission bounds that wait and refuses past it), and is looked at again
-    every QUEUED_RECHECK_S; a replica that hangs stops reporting and reads as down within the
-    router's load_stale_ms, and its silent calls then fail as stalled.
+    replica reports, fresh, requests waiting): a call with no chunk yet that is found queued
+    when its time is up starts its `stall_s` again (its tier's admission bounds the wait and
+    refuses past it), so it has all of `stall_s` for its first chunk once it leaves the queue. A
+    replica that hangs stops reporting and reads as down within the router's load_stale_ms: its
+    silent calls then fail as stalled within `stall_s` more.
     """
 
     def __init__(
@@ -215,12 +213,11 @@ class StallWatch:
     def _check(self) -> None:
         since, now = self.waiting_since, self._loop.time()
         if since is not None and now - since >= self._stall_s:
-            if self.first and self._queued is not None and self._queued():
-                self._timer = self._loop.call_later(QUEUED_RECHECK_S, self._check)
+            if not (self.first and self._queued is not None and self._queued()):
+                self.fired = True
+                self._call.cancel()  # a failure, not the router's choice: TierCall.cancelled stays
                 return
-            self.fired = True
-            self._call.cancel()  # a failure, not the router's choice: TierCall.cancelled stays
-            return
+            self.waiting_since = since = now  # queued, not stalled: its time starts again
         left = self._stall_s if since is None else self._stall_s - (now - since)
         self._timer = self._loop.call_later(left, self._check)
 
