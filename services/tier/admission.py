@@ -327,8 +327,11 @@ class Admission:
         ended = self._clock()
         self.running -= 1
         self._running_critical -= holder.priority == CRITICAL
-        waiting = [w.priority for w in self._waiters]
-        if self.paused and resumes_first(waiting) and self._resume_one():
+        if (
+            self.paused
+            and resumes_first([w.priority for w in self._waiters])
+            and self._resume_one()
+        ):
             self._last_release = ended
             return
         if self._waiters:

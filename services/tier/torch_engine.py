@@ -24,13 +24,7 @@ import torch
 from services.common.config import TierConfig
 from services.common.cpu_priority import lower_this_thread
 from services.common.errors import Overloaded
-from services.tier.batch_scheduler import (
-    NO_STEP_OBSERVER,
-    BatchScheduler,
-    LogitsTransform,
-    ScheduledRequest,
-    StepObserver,
-)
+from services.tier.batch_scheduler import BatchScheduler
 from services.tier.chunk_channel import ChunkChannel
 from services.tier.chunking import ChunkAssembler, ChunkSink
 from services.tier.decode import decode_steps
@@ -42,6 +36,12 @@ from services.tier.model_fingerprint import folder_fingerprint
 from services.tier.model_loading import LoadedModel, load_causal_lm
 from services.tier.pooled_models import layout_extra_bytes, pooled_passes
 from services.tier.prepared_request import PreparedRequest, PromptFormat, held_back_entries
+from services.tier.scheduled_request import (
+    NO_STEP_OBSERVER,
+    LogitsTransform,
+    ScheduledRequest,
+    StepObserver,
+)
 
 log = logging.getLogger(__name__)
 # How long a stream that ended waits for the scheduler to free its pool slot (one step, normally)

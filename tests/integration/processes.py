@@ -17,6 +17,14 @@ from services.common.tiers import TIER_NAMES
 
 READY_S = 180.0
 LOG_LINES = 30  # of a service's log in a failure's message
+# a router that notices a failed or silent tier fast: the fault tests' (a stall after 1 s)
+FAST_FAULTS_ROUTER = {
+    "max_tokens": 400,
+    "load_watch_interval_ms": 100,
+    "load_stale_ms": 2000,  # generous: this machine's other work can delay a report
+    "stall_timeout_ms": 1000,
+    "tier_call_timeout_s": 60.0,
+}
 
 
 def toml_value(value: Any) -> str:

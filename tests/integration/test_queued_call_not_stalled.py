@@ -16,15 +16,8 @@ from tiermesh.client import AsyncRouterClient, ChatError, DeltaEvent
 from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
 from services.common.tiers import TIER_NAMES
-from tests.integration.processes import ProcessMesh, start_process_mesh
+from tests.integration.processes import FAST_FAULTS_ROUTER, ProcessMesh, start_process_mesh
 
-ROUTER = {
-    "max_tokens": 400,
-    "load_watch_interval_ms": 100,
-    "load_stale_ms": 2000,  # generous: this machine's other work can delay a report
-    "stall_timeout_ms": 1000,
-    "tier_call_timeout_s": 60.0,
-}
 TIERS = {
     "engine": "echo",
     "echo_ttft_ms": 5.0,
@@ -42,7 +35,7 @@ pytestmark = pytest.mark.timeout(300)  # four processes start on a busy 2-core m
 async def mesh(tmp_path: Path) -> AsyncIterator[ProcessMesh]:
     models = dict.fromkeys(TIER_NAMES, tmp_path)  # the echo engine reads no model
     started = await start_process_mesh(
-        tmp_path / "mesh", models, tier_options=TIERS, router_options=ROUTER
+        tmp_path / "mesh", models, tier_options=TIERS, router_options=FAST_FAULTS_ROUTER
     )
     yield started
     started.stop()

@@ -26,17 +26,10 @@ from tiermesh.client import (
 from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
 from services.common.tiers import TIER_NAMES
-from tests.integration.processes import ProcessMesh, start_process_mesh
+from tests.integration.processes import FAST_FAULTS_ROUTER, ProcessMesh, start_process_mesh
 from tests.tiny_model import build_tiny_model
 
 PROMPT = "What is your return policy?"  # the interim heuristic routes it to small
-ROUTER = {
-    "max_tokens": 400,
-    "load_watch_interval_ms": 100,
-    "load_stale_ms": 2000,  # generous: this machine's other work can delay a report
-    "stall_timeout_ms": 1000,
-    "tier_call_timeout_s": 60.0,
-}
 TIERS = {"max_tokens": 400}
 EVENTUALLY_S = 20.0  # bound on waiting for the router to notice a change (not a measurement)
 pytestmark = pytest.mark.timeout(300)  # four processes start per test on a busy 2-core machine
@@ -46,7 +39,7 @@ pytestmark = pytest.mark.timeout(300)  # four processes start per test on a busy
 async def mesh(tiny_model_dir: Path, tmp_path: Path) -> AsyncIterator[ProcessMesh]:
     models = dict.fromkeys(TIER_NAMES, tiny_model_dir)
     started = await start_process_mesh(
-        tmp_path / "mesh", models, tier_options=TIERS, router_options=ROUTER
+        tmp_path / "mesh", models, tier_options=TIERS, router_options=FAST_FAULTS_ROUTER
     )
     yield started
     started.stop()
@@ -156,7 +149,10 @@ async def test_tier_killed_mid_answer_is_continued_by_the_next_tier_with_no_toke
     models = {"small": slow, "medium": slow, "large": tiny_model_dir}
     # small's only fallback is medium: failover orders fallbacks by load, and a medium whose
     # first load report is late on a busy machine would otherwise come after large
-    only_medium = {**ROUTER, "fallback": {"small": "medium", "medium": "small", "large": "medium"}}
+    only_medium = {
+        **FAST_FAULTS_ROUTER,
+        "fallback": {"small": "medium", "medium": "small", "large": "medium"},
+    }
     mesh = await start_process_mesh(
         tmp_path / "mesh", models, tier_options=TIERS, router_options=only_medium
     )
@@ -203,7 +199,11 @@ async def test_replica_killed_mid_answer_is_continued_by_the_other_replica(
     slow = build_tiny_model(tmp_path / "slow-model", layers=4, width=256)
     models = {"small": slow, "medium": tiny_model_dir, "large": tiny_model_dir}
     mesh = await start_process_mesh(
-        tmp_path / "mesh", models, tier_options=TIERS, router_options=ROUTER, replicas={"small": 2}
+        tmp_path / "mesh",
+        models,
+        tier_options=TIERS,
+        router_options=FAST_FAULTS_ROUTER,
+        replicas={"small": 2},
     )
     try:
         async with AsyncRouterClient(mesh.address) as client:
