@@ -27,6 +27,7 @@ from services.chaos.report import print_report
 from services.chaos.run import ChaosError, ChaosOptions, run_chaos
 from services.chaos.slow_connections_fault import SlowConnectionsSettings
 from services.common import env
+from services.common.cpu_priority import nice_level
 from services.common.tiers import TIER_NAMES
 from services.launcher.echo_tiers import EchoSettings
 from services.launcher.run_options import (
@@ -35,7 +36,6 @@ from services.launcher.run_options import (
     connection_limit_flags,
     engine_option,
     model_overrides,
-    nice_level,
     remote_models,
     replica_counts,
     tier_engines,

@@ -13,6 +13,7 @@ from tiermesh.client.requests import MODES
 from services.cli.client_flags import add_client_security_flags
 from services.common import env
 from services.common.config import GATES, POLICIES
+from services.common.cpu_priority import nice_level
 from services.common.parent_watch import stop_with_parent
 from services.common.tiers import TIER_NAMES
 from services.common.validation import MAX_TOP_LOGPROBS
@@ -22,7 +23,6 @@ from services.launcher.run_options import (
     connection_limit_flags,
     engine_option,
     model_overrides,
-    nice_level,
     remote_models,
     replica_counts,
     tier_engines,

@@ -90,7 +90,8 @@ def plan_children(
     model folder is missing. `replicas` runs that many processes of a tier ("small", "small-2",
     ...; those past the first on free ports, metrics off), all given to the router. `secure`
     gives every child its TLS and key environment. `echo` runs echo tiers (no model).
-    `tier_nice` is added to the tiers' nice value (0: the launcher's priority).
+    `tier_nice` is added to the tiers' nice value (0: the launcher's priority); a torch tier is
+    started at the launcher's and lowers itself (`--nice`), all but its critical lane.
     `cors_origins`: the browser origins the gateway answers cross-origin (none: same origin).
     `remotes`: tiers served by remote OpenAI-compatible servers, one process per URL
     (remote_tiers.py); echo does not apply to them. `limits`: connection limits asked for on
@@ -153,6 +154,7 @@ def _plan_children(
         model = models.get(tier, config.model_path)
         count = (replicas or {}).get(tier, 1)
         commands: list[list[str]] = []  # each replica's own command, for a remote tier
+        process_nice = tier_nice  # a torch tier lowers itself, all but its critical lane
         if urls := (remotes or {}).get(tier):
             if count > 1:
                 raise ConfigError(
@@ -173,11 +175,13 @@ def _plan_children(
         else:
             tier_command = [sys.executable, "-m", f"services.tier_{tier}", "--model", str(model)]
             tier_command += ["--device", device] if device is not None else []
+            tier_command += ["--nice", str(tier_nice)] if tier_nice else []
+            process_nice = 0
         command = list(tier_command)
         if port is not None and base_port is not None:
             command += ["--port", str(port), "--metrics-port", str(base_port + 20 + index)]
         address = f"{config.host}:{config.port}"
-        children.append(Child(tier, address, command, run_dir / f"{tier}.log", nice=tier_nice))
+        children.append(Child(tier, address, command, run_dir / f"{tier}.log", nice=process_nice))
         addresses, tier_ports[tier] = [address], [config.port]
         for n in range(2, count + 1):
             name, port = f"{tier}-{n}", free_port()
@@ -186,7 +190,7 @@ def _plan_children(
             addresses.append(f"{config.host}:{port}")
             tier_ports[tier].append(port)
             log_path = run_dir / f"{name}.log"
-            children.append(Child(name, addresses[-1], replica, log_path, nice=tier_nice))
+            children.append(Child(name, addresses[-1], replica, log_path, nice=process_nice))
         tier_targets += ["--tier", f"{tier}={','.join(addresses)}"]
     router_port = 50051 if base_port is None else base_port
     router_address = f"127.0.0.1:{router_port}"

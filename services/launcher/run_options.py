@@ -22,13 +22,6 @@ MAX_REPLICAS = 8
 TIER_NICE = 10
 
 
-def nice_level(value: str) -> int:
-    """`--tier-nice N`: a whole number of nice levels from 0 to 19 (argparse `type`)."""
-    if not value.isdigit() or int(value) > 19:
-        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to 19, got {value!r}")
-    return int(value)
-
-
 def model_overrides(values: list[str], remote: bool = False) -> dict[str, Path]:
     """`["small=PATH", ...]` as {tier: folder}; exits with a message on a bad value. With
     `remote`, `TIER=URL` values are left out (remote_models reads them), else refused."""

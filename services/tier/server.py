@@ -21,6 +21,7 @@ from tiermesh.v1 import tier_pb2_grpc
 from services.common import env
 from services.common.config import TierConfig
 from services.common.config_loading import load_config
+from services.common.cpu_priority import lower_process, nice_level
 from services.common.errors import TiermeshError
 from services.common.grpc_service import (
     RunningServer,
@@ -153,6 +154,13 @@ def parse_args(argv: list[str], default_config: Path) -> argparse.Namespace:
     parser.add_argument(
         "--insecure", action="store_true", help="allow plaintext on a non-loopback address"
     )
+    parser.add_argument(
+        "--nice",
+        type=nice_level,
+        default=0,
+        help="run this many nice levels below the priority the tier was started at, all but "
+        "a torch tier's critical lane (how `tiermesh run` starts torch tiers below the router)",
+    )
     return parser.parse_args(argv)
 
 
@@ -167,6 +175,7 @@ async def _serve(config: TierConfig, security: ServiceSecurity) -> None:
 def main(default_config: Path, argv: list[str] | None = None) -> int:
     """Entrypoint shared by the tier deployables; `default_config` is the tier's own file."""
     args = parse_args(sys.argv[1:] if argv is None else argv, default_config)
+    lower_process(args.nice)
     try:
         config = load_config(
             TierConfig,

@@ -22,7 +22,11 @@ from dataclasses import replace
 import torch
 
 from services.common.config import TierConfig
-from services.common.cpu_priority import lower_this_thread
+from services.common.cpu_priority import (
+    lower_this_thread,
+    start_priority_executor,
+    this_thread_nice,
+)
 from services.common.errors import Overloaded
 from services.tier.batch_scheduler import BatchScheduler
 from services.tier.chunk_channel import ChunkChannel
@@ -126,8 +130,8 @@ class TorchEngine(EngineLifecycle):
             )
             self.startup_s["kv_pool"] = time.perf_counter() - started
             lane = None
-            if cfg.critical_lane:  # at the serving threads' priority: not lowered
-                lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"critical-{cfg.name}")
+            if cfg.critical_lane:  # at the priority the tier was started at: not lowered
+                lane = start_priority_executor(f"critical-{cfg.name}")
             self._scheduler = BatchScheduler(
                 loaded,
                 passes,
@@ -143,6 +147,9 @@ class TorchEngine(EngineLifecycle):
             self.startup_s["warm_up"] = time.perf_counter() - started
             self._scheduler.start(self._torch_thread)
             self._admission.pausable = pausable
+            lane_nice = (
+                None if lane is None else await asyncio.wrap_future(lane.submit(this_thread_nice))
+            )
             log.info(
                 "tier %s: continuous batching (%s) over a KV pool of %d slots x %d positions, "
                 "%.1f MB; critical lane %s",
@@ -151,7 +158,7 @@ class TorchEngine(EngineLifecycle):
                 slots,
                 max_len,
                 self._pool.bytes / 1e6,
-                "on" if lane is not None else "off",
+                "off" if lane is None else f"on (nice {lane_nice})",
             )
         else:
             log.info("tier %s: one decode thread per request (%s)", cfg.name, passes)

@@ -18,6 +18,7 @@ from tiermesh.client import ChatError, ChatResult, RouteEvent, RouterClient
 
 from services.common.tiers import TIER_NAMES
 from services.launcher.local_mesh import free_base_port
+from services.launcher.run_options import TIER_NICE
 from tests.e2e.run_process import tiermesh_run
 
 PROMPT = "What is your return policy?"  # the router's default policy routes it to small
@@ -47,6 +48,24 @@ class Lines:
                     return line
             time.sleep(0.1)
         raise AssertionError(f"no line with {text!r} in:\n{''.join(self.lines)}")
+
+
+def thread_nice_levels(pid: int) -> list[int]:
+    """The nice value of each of a process's threads (Linux: a nice value is per thread)."""
+    tasks = Path(f"/proc/{pid}/task")
+    return sorted(
+        int((t / "stat").read_text().rsplit(")", 1)[1].split()[16]) for t in tasks.iterdir()
+    )
+
+
+def assert_lowered_but_its_lane(pid: int) -> None:
+    """A torch tier `tiermesh run` started: every thread TIER_NICE levels (or more: the model's
+    threads) below the launcher, but two at its priority: the critical lane and the idle thread
+    that made it."""
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    levels = thread_nice_levels(pid)
+    assert levels[:2] == [own, own] and levels[2] >= min(own + TIER_NICE, 19), levels
+    assert os.getpriority(os.PRIO_PROCESS, pid) == min(own + TIER_NICE, 19)
 
 
 def route_reason(result: ChatResult) -> str:
@@ -79,6 +98,8 @@ def test_killed_tier_is_restarted_while_the_router_falls_back(
         lines = Lines(process)
         pids = json.loads((run_dir / "pids.json").read_text())
         assert set(pids) >= {*TIER_NAMES, "router"}
+        for tier in TIER_NAMES:
+            assert_lowered_but_its_lane(pids[tier])
         with RouterClient(f"127.0.0.1:{base}") as client:
             assert client.chat(PROMPT, max_tokens=8, timeout=30).tier == "small"
             os.kill(pids["small"], signal.SIGKILL)
@@ -89,6 +110,7 @@ def test_killed_tier_is_restarted_while_the_router_falls_back(
             assert restarted["small"] != pids["small"]
             assert restarted["router"] == pids["router"]  # the others kept serving
             assert pinned_to_small(client).tier == "small"
+            assert_lowered_but_its_lane(restarted["small"])  # restarted as it started
         assert process.poll() is None
     for result in during:
         assert result.tier in ("medium", "large"), result.final.reason

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from services.common.child_process import Child
 from services.common.errors import ConfigError
+from services.launcher.echo_tiers import EchoSettings
 from services.launcher.local_mesh import plan_children
 from services.launcher.run_options import TIER_NICE
 from services.launcher.supervisor import RestartPolicy, Supervisor, stop_in_order
@@ -181,22 +182,38 @@ def test_replicas_are_planned_as_more_children_given_to_the_router(tmp_path: Pat
     assert "127.0.0.1:9010\n" in topology and f"127.0.0.1:{second_port}\n" in topology
 
 
+def nice_flag(command: list[str]) -> int | None:
+    """The value of a command's `--nice` (a torch tier lowering itself), None without one."""
+    return int(command[command.index("--nice") + 1]) if "--nice" in command else None
+
+
 def test_tiers_are_planned_at_a_lower_cpu_priority_than_the_router_and_gateway(
     tmp_path: Path,
 ) -> None:
     models = model_folders(tmp_path)
     planned = plan_children(9000, models, None, tmp_path / "logs", replicas={"large": 2})
-    nice = {c.name: c.nice for c in planned}
+    # a torch tier starts at the launcher's priority and lowers itself, all but its critical lane
+    nice = {c.name: (c.nice, nice_flag(c.command)) for c in planned}
     assert nice == {
-        "small": TIER_NICE,
-        "medium": TIER_NICE,
-        "large": TIER_NICE,
-        "large-2": TIER_NICE,
-        "gateway": 0,
-        "router": 0,
+        "small": (0, TIER_NICE),
+        "medium": (0, TIER_NICE),
+        "large": (0, TIER_NICE),
+        "large-2": (0, TIER_NICE),
+        "gateway": (0, None),
+        "router": (0, None),
     }
     same = plan_children(9000, models, None, tmp_path / "logs", tier_nice=0)
     assert {c.nice for c in same} == {0}
+    assert not any("--nice" in c.command for c in same)
+    # other engines' tiers are started lowered by the launcher
+    echo = plan_children(9000, models, None, tmp_path / "logs", echo=EchoSettings())
+    assert {c.name: c.nice for c in echo} == {
+        "small": TIER_NICE,
+        "medium": TIER_NICE,
+        "large": TIER_NICE,
+        "gateway": 0,
+        "router": 0,
+    }
 
 
 def test_a_child_with_a_nice_value_runs_and_restarts_below_the_launchers_priority(
