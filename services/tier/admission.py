@@ -82,6 +82,12 @@ class SlotHolder:
 
     priority: str
     paused: bool = False
+    paused_since: float = 0.0  # when it was last paused (the admission's clock)
+    paused_s: float = 0.0  # paused time before that
+
+    def paused_for(self, now: float) -> float:
+        """Its time paused so far: what its hold of a running slot leaves out."""
+        return self.paused_s + (now - self.paused_since if self.paused else 0.0)
 
 
 @dataclass(eq=False)
@@ -175,7 +181,7 @@ class Admission:
         return self._to_pause(priority) is not None
 
     def _pause(self, holder: SlotHolder) -> None:
-        holder.paused = True
+        holder.paused, holder.paused_since = True, self._clock()
         self.paused += 1
         self.running -= 1
         self._running_critical -= holder.priority == CRITICAL
@@ -186,6 +192,7 @@ class Admission:
         for holder in self._holders:
             if holder.paused and self._can_start(holder.priority):
                 holder.paused = False
+                holder.paused_s += self._clock() - holder.paused_since
                 self.paused -= 1
                 self.running += 1
                 self._running_critical += holder.priority == CRITICAL
@@ -267,8 +274,10 @@ class Admission:
         try:
             yield holder
         finally:
+            ended = self._clock()
+            held = ended - started - holder.paused_for(ended)  # a paused request held no slot
             self._release(holder)
-            self._note_hold(self._clock() - started)
+            self._note_hold(held)
 
     async def _wait(
         self, priority: str, raw: float, budget: float, deadline_s: float | None
@@ -316,13 +325,14 @@ class Admission:
         )
 
     def _release(self, holder: SlotHolder) -> None:
-        """A holder ends. A paused one frees only its place. A running one's slot resumes a
-        paused holder first unless a critical request waits (resumes_first), else it is handed
-        to the next waiting request if that may take it (a reserved slot waits for a critical
-        one), else freed."""
+        """A holder ends. A paused one frees only its place, and a pause (a critical request
+        waiting for one starts). A running one's slot resumes a paused holder first unless a
+        critical request waits (resumes_first), else it is handed to the next waiting request if
+        that may take it (a reserved slot waits for a critical one), else freed."""
         self._holders.remove(holder)
         if holder.paused:
             self.paused -= 1
+            self._start_by_pausing()
             return
         ended = self._clock()
         self.running -= 1
@@ -342,6 +352,19 @@ class Admission:
                 self.queued -= 1
                 waiter.started.set_result(self._start(waiter.priority))
         self._last_release = ended
+
+    def _start_by_pausing(self) -> None:
+        """A paused holder left, so the engine may pause one more: the next waiting request
+        starts now if it may pause a running one (a critical request that found every slot
+        taken and every pause in use)."""
+        if not self._waiters:
+            return
+        waiter = self._waiters[next_to_start([w.priority for w in self._waiters])]
+        if (running := self._to_pause(waiter.priority)) is not None:
+            self._pause(running)
+            self._waiters.remove(waiter)
+            self.queued -= 1
+            waiter.started.set_result(self._start(waiter.priority))
 
     def _note_hold(self, seconds: float) -> None:
         if not self._measured:

@@ -8,7 +8,7 @@ import contextlib
 import pytest
 
 from services.common.errors import Overloaded
-from services.tier.admission import Admission, SlotHolder
+from services.tier.admission import HOLD_WEIGHT, Admission, SlotHolder
 
 
 def holding(admission: Admission, release: asyncio.Event) -> asyncio.Task[None]:
@@ -289,3 +289,56 @@ async def test_a_paused_request_that_leaves_frees_its_place_and_people_are_never
     done["c2"].set()
     await asyncio.gather(people, other)
     assert (admission.running, admission.paused, admission.queued) == (0, 0, 0)
+
+
+async def test_a_critical_request_waiting_for_a_pause_starts_when_a_paused_one_leaves() -> None:
+    admission = Admission(max_running=2, max_queued=2, pausable=1)
+    done = {name: asyncio.Event() for name in ("b1", "b2", "c1", "c2")}
+    holders: dict[str, SlotHolder] = {}
+
+    async def run(name: str, priority: str) -> None:
+        async with admission.slot(priority=priority) as holder:
+            holders[name] = holder
+            await done[name].wait()
+
+    tasks = {name: asyncio.create_task(run(name, "batch")) for name in ("b1", "b2")}
+    await _settle()
+    tasks["c1"] = asyncio.create_task(run("c1", "critical"))  # pauses b2
+    await _settle()
+    tasks["c2"] = asyncio.create_task(run("c2", "critical"))  # the one pause in use: it waits
+    await _settle()
+    assert holders["b2"].paused and "c2" not in holders and admission.queued == 1
+    tasks["b2"].cancel()  # the paused request's caller leaves: its pause is free again
+    with contextlib.suppress(asyncio.CancelledError):
+        await tasks["b2"]
+    await _settle()
+    assert "c2" in holders and holders["b1"].paused  # started at once, pausing b1
+    assert (admission.running, admission.paused, admission.queued) == (2, 1, 0)
+    for event in done.values():
+        event.set()
+    await asyncio.gather(*(t for name, t in tasks.items() if name != "b2"))
+    assert (admission.running, admission.paused, admission.queued) == (0, 0, 0)
+
+
+async def test_time_paused_is_not_counted_as_holding_a_slot() -> None:
+    now = [0.0]
+    admission = Admission(max_running=1, max_queued=1, pausable=1, clock=lambda: now[0])
+    done = {name: asyncio.Event() for name in ("b", "c")}
+
+    async def run(name: str, priority: str) -> None:
+        async with admission.slot(priority=priority):
+            await done[name].wait()
+
+    batch = asyncio.create_task(run("b", "batch"))
+    await _settle()
+    now[0] = 1.0
+    critical = asyncio.create_task(run("c", "critical"))  # pauses the batch request for 10 s
+    await _settle()
+    now[0] = 11.0
+    done["c"].set()
+    await critical
+    assert admission.hold_s == pytest.approx(10.0)  # the critical request's hold, the first
+    now[0] = 13.0
+    done["b"].set()
+    await batch  # held 13 s, 10 of them paused: 3 s
+    assert admission.hold_s == pytest.approx(10.0 + HOLD_WEIGHT * (3.0 - 10.0))
