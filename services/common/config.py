@@ -41,7 +41,7 @@ class TierConfig:
     max_wait_s: float = 5.0
     # running slots beyond max_running that only critical requests may take, as a share of
     # max_running (rounded down), so one starts at once while interactive and batch fill
-    # max_running; 0 = none (the built-in tiers keep 0.25)
+    # max_running; 0 = none (the built-in tiers keep 1.0: as many again)
     critical_reserve: float = 0.0
     max_tokens: int = 256  # most tokens one request may generate
     max_prompt_tokens: int = 512  # longest rendered prompt accepted, in tokens
@@ -140,7 +140,7 @@ class TierConfig:
                 f"must be one http(s)://HOST[:PORT]/v1 URL for engine openai, got "
                 f"{self.remote_url!r}",
             )
-        require(0.0 <= self.critical_reserve < 1.0, "critical_reserve", "must be in [0, 1)")
+        require(0.0 <= self.critical_reserve <= 1.0, "critical_reserve", "must be in [0, 1]")
         require(self.max_wait_s > 0, "max_wait_s", "must be > 0")
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             require(getattr(self, name) >= 1, name, "must be >= 1")

@@ -22,7 +22,7 @@ def test_shipped_tier_configs_load(tier: str) -> None:
 
 @pytest.mark.parametrize(
     ("max_running", "reserve", "critical", "running"),
-    [(16, 0.0, 0, 16), (16, 0.25, 4, 20), (16, 0.1, 1, 17), (9, 0.1, 0, 9)],
+    [(16, 0.0, 0, 16), (16, 0.25, 4, 20), (16, 0.1, 1, 17), (9, 0.1, 0, 9), (16, 1.0, 16, 32)],
 )
 def test_critical_slots_are_beyond_max_running(
     max_running: int, reserve: float, critical: int, running: int
@@ -48,6 +48,8 @@ def test_shipped_router_config_loads() -> None:
         ({"name": "small", "model_path": "m", "engine": "onnx"}, "engine"),
         ({"name": "small", "model_path": "m", "tokens_per_chunk": 100}, "tokens_per_chunk"),
         ({"name": "small", "model_path": "m", "colour": "red"}, "colour"),
+        ({"name": "small", "model_path": "m", "critical_reserve": 1.5}, "critical_reserve"),
+        ({"name": "small", "model_path": "m", "critical_reserve": -0.1}, "critical_reserve"),
     ],
 )
 def test_bad_tier_config_names_the_field(data: dict[str, object], field: str) -> None:
