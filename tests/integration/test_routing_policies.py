@@ -104,6 +104,9 @@ async def test_a_queued_large_tier_keeps_what_only_it_answers(
         policy="threshold",
         large_queue_limit=1,
         queue_fallback_min_success=min_success,
+        # the policy's queue limit alone decides: the large tier's expected wait (2 s, once its
+        # report catches up) must not step the chat down past the 1 s interactive budget
+        interactive_wait_budget_ms=60_000,
     )
     try:
         async with AsyncRouterClient(mesh.address) as client:
