@@ -51,11 +51,16 @@ class Lines:
 
 
 def thread_nice_levels(pid: int) -> list[int]:
-    """The nice value of each of a process's threads (Linux: a nice value is per thread)."""
-    tasks = Path(f"/proc/{pid}/task")
-    return sorted(
-        int((t / "stat").read_text().rsplit(")", 1)[1].split()[16]) for t in tasks.iterdir()
-    )
+    """The nice value of each of a process's threads (Linux: a nice value is per thread); a
+    thread that ends while they are read is left out."""
+    levels = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except FileNotFoundError:
+            continue
+        levels.append(int(stat.rsplit(")", 1)[1].split()[16]))  # field 19: nice
+    return sorted(levels)
 
 
 def assert_lowered_but_its_lane(pid: int) -> None:
