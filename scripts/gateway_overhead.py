@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 from services.common.child_process import spawn, stop_process  # noqa: E402
 from services.common.serving import NotServingError, wait_serving  # noqa: E402
-from services.launcher.local_mesh import free_base_port, is_http_healthy  # noqa: E402
+from services.launcher.child_health import is_http_healthy  # noqa: E402
+from services.launcher.local_mesh import free_base_port  # noqa: E402
 
 TIERMESH = [sys.executable, "-m", "services.cli"]
 BENCH_DEFAULTS = ["--duration", "20", "--warmup", "4", "--rate", "6", "--max-tokens", "64"]

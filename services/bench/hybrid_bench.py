@@ -49,14 +49,9 @@ from services.bench.resources import ResourceMonitor, ServiceHandle
 from services.bench.scenarios import RequestSequence, Scenario, arrival_times, schedule_digest
 from services.common.child_process import Child
 from services.common.tiers import TIER_NAMES
+from services.launcher.child_health import wait_healthy
 from services.launcher.echo_tiers import EchoSettings
-from services.launcher.local_mesh import (
-    free_base_port,
-    plan_children,
-    started,
-    stop_all,
-    wait_healthy,
-)
+from services.launcher.local_mesh import free_base_port, plan_children, started, stop_all
 from services.launcher.secure_run import SecureRun
 from services.workload import WorkloadItem
 

@@ -47,14 +47,9 @@ from services.common.child_process import Child
 from services.common.errors import TiermeshError
 from services.common.serving import NotServingError, wait_serving_async
 from services.common.tiers import TIER_NAMES
+from services.launcher.child_health import is_healthy, is_http_healthy
 from services.launcher.echo_tiers import EchoSettings
-from services.launcher.local_mesh import (
-    free_base_port,
-    is_healthy,
-    is_http_healthy,
-    plan_children,
-    started,
-)
+from services.launcher.local_mesh import free_base_port, plan_children, started
 from services.launcher.run_options import TIER_NICE, ConnectionLimitFlags
 from services.launcher.supervisor import RestartPolicy, Supervisor
 

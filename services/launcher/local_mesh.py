@@ -16,8 +16,6 @@ import os
 import signal
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,8 +30,8 @@ from services.common.config import GatewayConfig, TierConfig
 from services.common.config_loading import build_config, load_config
 from services.common.errors import ConfigError
 from services.common.ports import free_port, free_port_layout
-from services.common.serving import is_serving
 from services.common.tiers import TIER_NAMES
+from services.launcher.child_health import is_healthy, tier_status, wait_healthy
 from services.launcher.echo_tiers import EchoSettings, echo_tier_command
 from services.launcher.remote_tiers import remote_tier_commands
 from services.launcher.run_addresses import (
@@ -49,10 +47,7 @@ from services.launcher.vllm_tiers import vllm_tier_command
 from services.security.tls import channel_credentials
 
 if TYPE_CHECKING:
-    from tiermesh.v1 import tier_pb2
-
-READY_TIMEOUT_S = 300.0
-
+    pass
 
 # `--base-port B` layout: router B, tiers B+10..12, metrics B+20..23, control plane B+30,
 # HTTP gateway B+40 (else --http-port, default 8080).
@@ -247,78 +242,6 @@ def _plan_control_plane(
     targets = [arg for tier in tier_ports for arg in ("--tier", f"{tier}={xds_target(tier)}")]
     bootstrap = bootstrap_env(topology.control_plane, f"router~{router_port}", xds_tls)
     return child, bootstrap, targets
-
-
-FRONT_DOORS = frozenset({"router", "gateway"})  # what clients call: ready once the rest is
-
-
-def wait_healthy(
-    children: list[Child], console: Console, credentials: grpc.ChannelCredentials | None = None
-) -> bool:
-    """Polls each child's gRPC health until SERVING; False if one exits or time runs out.
-    The front doors (router, gateway) are reported serving only once every other child is: a
-    chat sent when the router's ✓ shows finds its tiers loaded. `credentials` make the health
-    calls mTLS (a `--secure` run)."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    pending = {child.name: child for child in children}
-    with console.status("starting tiers and router…") as status:
-        while pending:
-            behind = any(name not in FRONT_DOORS for name in pending)
-            for name, child in list(pending.items()):
-                code = child.exited()
-                if code is not None:
-                    console.print(f"[red]{name} exited with code {code}[/red]; log tail:")
-                    console.print(child.log_tail(), markup=False)
-                    return False
-                if name in FRONT_DOORS and behind:
-                    continue
-                if is_healthy(child, credentials):
-                    del pending[name]
-                    console.print(f"[green]✓[/green] {name} serving on {child.address}")
-            status.update(f"waiting for {', '.join(pending)}…")
-            if time.monotonic() > deadline:
-                console.print(f"[red]not healthy after {READY_TIMEOUT_S:.0f} s:[/red] {pending}")
-                return False
-            time.sleep(0.2)
-    return True
-
-
-def _channel(address: str, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
-    if credentials is None:
-        return grpc.insecure_channel(address)
-    return grpc.secure_channel(address, credentials)
-
-
-def is_healthy(child: Child, credentials: grpc.ChannelCredentials | None = None) -> bool:
-    """The child's own health check: HTTP for the gateway, gRPC health for the rest."""
-    if child.health_url:
-        return is_http_healthy(child.health_url)
-    return is_serving(child.address, credentials)
-
-
-def is_http_healthy(url: str) -> bool:
-    """True when GET `url` answers 200."""
-    try:
-        with urllib.request.urlopen(url, timeout=0.5) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def tier_status(
-    address: str, credentials: grpc.ChannelCredentials | None = None
-) -> tier_pb2.TierStatus | None:
-    """The tier's GetStatus (model, memory, cold start), or None if it does not answer."""
-    from tiermesh.v1 import tier_pb2, tier_pb2_grpc
-
-    try:
-        with _channel(address, credentials) as channel:
-            status: tier_pb2.TierStatus = tier_pb2_grpc.TierServiceStub(channel).GetStatus(
-                tier_pb2.GetStatusRequest(), timeout=2
-            )
-    except grpc.RpcError:
-        return None
-    return status
 
 
 def stop_all(children: list[Child], grace_s: float = 15.0) -> None:
