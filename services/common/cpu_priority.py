@@ -87,8 +87,6 @@ def start_priority_executor(thread_name_prefix: str) -> ThreadPoolExecutor:
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name_prefix)
     with _keeper_lock:
         keeper = _keeper
-    if keeper is None:
-        executor.submit(int).result()
-    else:  # the executor's thread is started by (so inherits the priority of) the keeper
+    if keeper is not None:  # its thread is started by (so inherits the priority of) the keeper
         keeper.submit(lambda: executor.submit(int).result()).result()
     return executor

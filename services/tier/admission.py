@@ -345,12 +345,10 @@ class Admission:
             self._last_release = ended
             return
         if self._waiters:
-            waiter = self._waiters[next_to_start([w.priority for w in self._waiters])]
+            waiter = self._next_waiter()
             if self._can_start(waiter.priority):  # one hand-over, timed
                 self._note_handover(ended - max(self._last_release, self._waiting_since))
-                self._waiters.remove(waiter)
-                self.queued -= 1
-                waiter.started.set_result(self._start(waiter.priority))
+                self._hand_over(waiter)
         self._last_release = ended
 
     def _start_by_pausing(self) -> None:
@@ -359,12 +357,20 @@ class Admission:
         taken and every pause in use)."""
         if not self._waiters:
             return
-        waiter = self._waiters[next_to_start([w.priority for w in self._waiters])]
+        waiter = self._next_waiter()
         if (running := self._to_pause(waiter.priority)) is not None:
             self._pause(running)
-            self._waiters.remove(waiter)
-            self.queued -= 1
-            waiter.started.set_result(self._start(waiter.priority))
+            self._hand_over(waiter)
+
+    def _next_waiter(self) -> _Waiter:
+        """The waiting request a slot goes to next (next_to_start); some must wait."""
+        return self._waiters[next_to_start([w.priority for w in self._waiters])]
+
+    def _hand_over(self, waiter: _Waiter) -> None:
+        """Takes `waiter` out of the queue and starts it in a slot it may take."""
+        self._waiters.remove(waiter)
+        self.queued -= 1
+        waiter.started.set_result(self._start(waiter.priority))
 
     def _note_hold(self, seconds: float) -> None:
         if not self._measured:

@@ -21,6 +21,12 @@ BATCH = "batch"
 RANK = {CRITICAL: 0, INTERACTIVE: 1, BATCH: 2}  # lower starts first
 
 
+def rank_of(priority: str) -> int:
+    """A request's rank (lower starts first), an unknown priority's as interactive: how the
+    engines order the requests they hold (the batch planner's prefills, vLLM's scheduler)."""
+    return RANK.get(priority, RANK[INTERACTIVE])
+
+
 def _rank(priority: str) -> int:
     try:
         return RANK[priority]

@@ -18,7 +18,7 @@ import torch
 from services.common.errors import TiermeshError
 from services.tier.chunking import ChunkAssembler, ChunkSink
 from services.tier.prepared_request import PreparedRequest
-from services.tier.queue_order import INTERACTIVE, RANK
+from services.tier.queue_order import rank_of
 from services.tier.step_planner import RowStatus, RunningRow, StepPlan, WaitingRequest
 
 
@@ -56,7 +56,7 @@ class ScheduledRequest:
             len(self.prepared.prompt_ids),
             self.prepared.request_id,
             self.stop.is_set(),
-            RANK.get(self.prepared.priority, RANK[INTERACTIVE]),
+            rank_of(self.prepared.priority),
             self.prepared.paused(),
         )
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from services.common.config import TierConfig
 from services.tier.engine import Sampling
-from services.tier.queue_order import INTERACTIVE, RANK
+from services.tier.queue_order import rank_of
 
 
 def engine_args(config: TierConfig) -> dict[str, Any]:
@@ -46,7 +46,7 @@ def vllm_priority(priority: str) -> int:
     0, interactive 1, batch 2. vLLM schedules waiting requests in that order and, short of
     KV-cache blocks, preempts the running request of the lowest priority (the newest among
     equals) first."""
-    return RANK.get(priority, RANK[INTERACTIVE])
+    return rank_of(priority)
 
 
 def max_num_seqs(config: TierConfig) -> int:

@@ -11,6 +11,21 @@ from services.common.errors import Overloaded
 from services.tier.admission import HOLD_WEIGHT, Admission, SlotHolder
 
 
+class SlotRuns:
+    """Named requests that each hold a slot of `admission` (queueing for it if they must) until
+    their event in `done` is set; `holders` has each one's SlotHolder once it holds a slot."""
+
+    def __init__(self, admission: Admission, names: tuple[str, ...]) -> None:
+        self.done = {name: asyncio.Event() for name in names}
+        self.holders: dict[str, SlotHolder] = {}
+        self._admission = admission
+
+    async def run(self, name: str, priority: str) -> None:
+        async with self._admission.slot(priority=priority) as holder:
+            self.holders[name] = holder
+            await self.done[name].wait()
+
+
 def holding(admission: Admission, release: asyncio.Event) -> asyncio.Task[None]:
     """A task that takes a running slot of `admission` (queueing for it if it must) and keeps
     it until `release` is set."""
@@ -224,13 +239,8 @@ async def _settle() -> None:
 
 async def test_a_critical_request_pauses_the_newest_batch_one_and_resumes_it_after() -> None:
     admission = Admission(max_running=2, max_queued=4, critical_reserve=0.5, pausable=1)
-    done = {name: asyncio.Event() for name in ("b1", "b2", "c1", "c2", "c3")}
-    holders: dict[str, SlotHolder] = {}
-
-    async def run(name: str, priority: str) -> None:
-        async with admission.slot(priority=priority) as holder:
-            holders[name] = holder
-            await done[name].wait()
+    runs = SlotRuns(admission, ("b1", "b2", "c1", "c2", "c3"))
+    done, holders, run = runs.done, runs.holders, runs.run
 
     tasks = [asyncio.create_task(run("b1", "batch")), asyncio.create_task(run("b2", "batch"))]
     tasks.append(asyncio.create_task(run("c1", "critical")))  # the reserved slot
@@ -261,13 +271,8 @@ async def test_a_critical_request_pauses_the_newest_batch_one_and_resumes_it_aft
 
 async def test_a_paused_request_that_leaves_frees_its_place_and_people_are_never_paused() -> None:
     admission = Admission(max_running=1, max_queued=2, pausable=1)
-    done = {name: asyncio.Event() for name in ("b", "c", "i", "c2")}
-    holders: dict[str, SlotHolder] = {}
-
-    async def run(name: str, priority: str) -> None:
-        async with admission.slot(priority=priority) as holder:
-            holders[name] = holder
-            await done[name].wait()
+    runs = SlotRuns(admission, ("b", "c", "i", "c2"))
+    done, holders, run = runs.done, runs.holders, runs.run
 
     batch = asyncio.create_task(run("b", "batch"))
     await _settle()
@@ -293,13 +298,8 @@ async def test_a_paused_request_that_leaves_frees_its_place_and_people_are_never
 
 async def test_a_critical_request_waiting_for_a_pause_starts_when_a_paused_one_leaves() -> None:
     admission = Admission(max_running=2, max_queued=2, pausable=1)
-    done = {name: asyncio.Event() for name in ("b1", "b2", "c1", "c2")}
-    holders: dict[str, SlotHolder] = {}
-
-    async def run(name: str, priority: str) -> None:
-        async with admission.slot(priority=priority) as holder:
-            holders[name] = holder
-            await done[name].wait()
+    runs = SlotRuns(admission, ("b1", "b2", "c1", "c2"))
+    done, holders, run = runs.done, runs.holders, runs.run
 
     tasks = {name: asyncio.create_task(run(name, "batch")) for name in ("b1", "b2")}
     await _settle()
@@ -323,11 +323,8 @@ async def test_a_critical_request_waiting_for_a_pause_starts_when_a_paused_one_l
 async def test_time_paused_is_not_counted_as_holding_a_slot() -> None:
     now = [0.0]
     admission = Admission(max_running=1, max_queued=1, pausable=1, clock=lambda: now[0])
-    done = {name: asyncio.Event() for name in ("b", "c")}
-
-    async def run(name: str, priority: str) -> None:
-        async with admission.slot(priority=priority):
-            await done[name].wait()
+    runs = SlotRuns(admission, ("b", "c"))
+    done, run = runs.done, runs.run
 
     batch = asyncio.create_task(run("b", "batch"))
     await _settle()
