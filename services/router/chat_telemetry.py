@@ -17,19 +17,15 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from functools import cache
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.metrics import Counter, Histogram
 from opentelemetry.trace import SpanKind
 from tiermesh.client.requests import MODE_NAMES, PRIORITY_NAMES
 from tiermesh.v1 import router_pb2
 
 from services.common.genai_conventions import (
-    CLIENT_DURATION,
-    SERVER_DURATION,
     error_type,
     genai_attributes,
     span_name,
@@ -39,7 +35,6 @@ from services.common.telemetry import (
     edge_context,
     end_span,
     inject_metadata,
-    meter,
     metrics_on,
     rpc_attributes,
     tracer,
@@ -53,47 +48,7 @@ from services.router.chat_events import (
 )
 from services.router.escalation import Escalation
 from services.router.policy import TierLoad
-
-
-class RouterMetrics:
-    def __init__(self) -> None:
-        m = meter()
-        self.route_decisions: Counter = m.create_counter(
-            "tiermesh.route.decisions", description="Route decisions by tier, policy and mode"
-        )
-        self.token_usage: Histogram = m.create_histogram(
-            "gen_ai.client.token.usage", unit="{token}", description="Tokens per tier call"
-        )
-        self.request_duration: Histogram = m.create_histogram(
-            SERVER_DURATION.name, unit="s", description=SERVER_DURATION.description
-        )
-        self.operation_duration: Histogram = m.create_histogram(
-            CLIENT_DURATION.name, unit="s", description=CLIENT_DURATION.description
-        )
-        self.first_draft: Histogram = m.create_histogram(
-            "tiermesh.chat.time_to_first_draft", unit="s", description="Request to first delta"
-        )
-        self.final: Histogram = m.create_histogram(
-            "tiermesh.chat.time_to_final", unit="s", description="Request to the final answer"
-        )
-        self.revisions: Histogram = m.create_histogram(
-            "tiermesh.chat.revisions", unit="{revision}", description="Revisions per chat"
-        )
-        self.step_downs: Counter = m.create_counter(
-            "tiermesh.route.step_downs",
-            description="Routed chats moved off their tier by overload, by from/to tier and "
-            "priority",
-        )
-        self.refinements: Counter = m.create_counter(
-            "tiermesh.chat.refinements",
-            description="Progressive refinements by outcome (completed, failed, timeout, "
-            "skipped, cancelled)",
-        )
-
-
-@cache
-def router_metrics() -> RouterMetrics:
-    return RouterMetrics()
+from services.router.router_metrics import router_metrics
 
 
 class TierCallSpan:

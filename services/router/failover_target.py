@@ -4,13 +4,14 @@ overload only to a tier that would start it at once. The failures another tier m
 session_calls.FAILOVER_CODES, and a continuation a replica of another model refuses.
 
 Pure: the chat's calls so far, its fallbacks, the tiers' replica counts and the failure in, the
-next tier (or none) out; the session core (session_core.py) opens the call and says why.
+next tier (or none) out; likewise for a prompt too long for a tier's model. The session core
+(session_core.py) opens the call and says why.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from services.router.session_calls import FAILOVER_CODES, CallState, TierError
 
@@ -48,6 +49,31 @@ def failover_target(
     called = {c.tier for c in calls}
     left = [t for t in fallbacks if t not in called and (room is None or t in room)]
     return NextCall(left[0], left[0]) if left else None
+
+
+def longer_context_tier(
+    calls: Sequence[CallState], fallbacks: Sequence[str], pinned: bool
+) -> str | None:
+    """Where a chat goes, unseen, from a tier whose model cannot hold its prompt: the first of
+    its fallbacks not yet called (None: nowhere, and never for a pinned chat)."""
+    called = {c.tier for c in calls}
+    left = [tier for tier in fallbacks if tier not in called]
+    return left[0] if left and not pinned else None
+
+
+def widest_refusal(
+    too_long: Sequence[TierError], calls: Sequence[CallState]
+) -> tuple[str, TierError]:
+    """The failure a chat ends with when no tier it tried could hold its prompt (`too_long`,
+    their refusals, not empty): the refusal of the tier with the largest context, saying so."""
+    widest = max(too_long, key=lambda e: int(e.metadata.get("limit_tokens", 0)))
+    tier = next(c.tier for c in calls if c.error is widest)
+    prompt, limit = (widest.metadata.get(k) for k in ("prompt_tokens", "limit_tokens"))
+    details = (
+        f"prompt: {prompt} tokens exceeds the largest context of the tiers that could "
+        f"take it ({limit} tokens)"
+    )
+    return tier, replace(widest, details=details)
 
 
 def untried(tier: str, calls: Sequence[CallState], replicas: Mapping[str, int]) -> bool:

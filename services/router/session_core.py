@@ -29,14 +29,18 @@ A call a tier refused for overload moves on only to a tier that, by the driver's
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 
 from tiermesh.v1 import router_pb2, tier_pb2
 
 from services.common.errors import PROMPT_TOO_LONG
 from services.router.chat_events import RefinementSettled, TierCallOpening
 from services.router.chat_plan import ChatPlan, SessionClock, tier_request_id
-from services.router.failover_target import failover_target, who
+from services.router.failover_target import (
+    failover_target,
+    longer_context_tier,
+    who,
+    widest_refusal,
+)
 from services.router.first_token_race import FirstTokenRace, RaceStep
 from services.router.progressive_verdicts import (
     escalates_to,
@@ -245,14 +249,13 @@ class SessionCore:
             return self._give_up(s, now)
         after, where = target.tier, target.where
         failed = f"{who(call, self._replicas)} failed"
-        timeout_s = self._deadlines.refine_s(now) if s.refine_clock else self._deadlines.call_s(now)
         out: list[Action] = []
         if s.started and after == call.tier:  # same revision, on another replica
             s.notes.append(
                 f"{failed} after {len(call.text)} characters ({describe(error)}); "
                 f"{where} continued revision {s.revision}"
             )
-            s.call = self._open(out, after, timeout_s, broken=call)
+            s.call = self._open(out, after, self._timeout_s(s, now), broken=call)
             s.call.revision, s.continuing, s.error = s.revision, True, None
             return [*out, ReadCall(s.call.id)]
         out += s.broken_end()
@@ -269,10 +272,7 @@ class SessionCore:
             s.retry_first = s.retry_first and after == call.tier
         else:
             return out + self._stream_over(now)
-        s.kept = KeptPrefix(s.previous) if s.previous is not None else None
-        s.continuing, s.error, s.held = False, None, []
-        s.call = self._open(out, after, timeout_s)
-        return [*out, ReadCall(s.call.id)]
+        return self._reopen(s, after, out, now)
 
     def _past_short_context(
         self, s: RevisionStream, call: CallState, error: TierError, now: float
@@ -280,17 +280,12 @@ class SessionCore:
         """A tier whose model cannot hold the prompt: the chat moves on, unseen, to the next tier
         of its fallbacks not yet called (any chat but a pinned one), else ends with the failure
         of the tier that holds the most."""
-        called = {c.tier for c in self.calls}
-        left = [tier for tier in self.plan.fallbacks if tier not in called]
-        if not left or self.plan.mode == router_pb2.MODE_PINNED:
+        pinned = self.plan.mode == router_pb2.MODE_PINNED
+        tier = longer_context_tier(self.calls, self.plan.fallbacks, pinned)
+        if tier is None:
             return self._give_up(s, now)
-        s.notes.append(f"{call.tier} cannot hold the prompt ({error.details}); moved to {left[0]}")
-        s.kept = KeptPrefix(s.previous) if s.previous is not None else None
-        s.continuing, s.error, s.held = False, None, []
-        timeout_s = self._deadlines.refine_s(now) if s.refine_clock else self._deadlines.call_s(now)
-        out: list[Action] = []
-        s.call = self._open(out, left[0], timeout_s)
-        return [*out, ReadCall(s.call.id)]
+        s.notes.append(f"{call.tier} cannot hold the prompt ({error.details}); moved to {tier}")
+        return self._reopen(s, tier, [], now)
 
     # -- how a chat ends ---------------------------------------------------------------------------
 
@@ -398,14 +393,7 @@ class SessionCore:
         self.done = True
         pinned = self.plan.mode == router_pb2.MODE_PINNED
         if error.reason == PROMPT_TOO_LONG and self._too_long and not pinned:
-            widest = max(self._too_long, key=lambda e: int(e.metadata.get("limit_tokens", 0)))
-            tier = next(c.tier for c in self.calls if c.error is widest)
-            prompt, limit = (widest.metadata.get(k) for k in ("prompt_tokens", "limit_tokens"))
-            details = (
-                f"prompt: {prompt} tokens exceeds the largest context of the tiers that could "
-                f"take it ({limit} tokens)"
-            )
-            error = replace(widest, details=details)
+            tier, error = widest_refusal(self._too_long, self.calls)
         return [Fail(tier, error)]
 
     # -- calls -----------------------------------------------------------------------------------
@@ -424,6 +412,17 @@ class SessionCore:
         self.calls.append(call)
         out.append(OpenCall(call.id, TierCallOpening(tier, request_id), timeout_s, continuation))
         return call
+
+    def _reopen(self, s: RevisionStream, tier: str, out: list[Action], now: float) -> list[Action]:
+        """`s` goes on with a new call on `tier`, keeping the text the client has (if any)."""
+        s.kept = KeptPrefix(s.previous) if s.previous is not None else None
+        s.continuing, s.error, s.held = False, None, []
+        s.call = self._open(out, tier, self._timeout_s(s, now))
+        return [*out, ReadCall(s.call.id)]
+
+    def _timeout_s(self, s: RevisionStream, now: float) -> float | None:
+        """What a new call of `s` may take: the refinement's budget or the call's."""
+        return self._deadlines.refine_s(now) if s.refine_clock else self._deadlines.call_s(now)
 
     def _cancel(self, call: CallState) -> list[Action]:
         if call.over:

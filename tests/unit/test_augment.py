@@ -7,15 +7,7 @@ import re
 from itertools import islice
 
 from services.workload import STORE, held_out_prompts, load_split
-from services.workload.augment import (
-    TRAIN_CONTEXTS,
-    TRAIN_GREETINGS,
-    TRAIN_LOOKUP_TEMPLATES,
-    TRAIN_MEDIUM_TEMPLATES,
-    TRAIN_POLICY_QUESTIONS,
-    TRAIN_UNKNOWN_QUESTIONS,
-    augmented_stream,
-)
+from services.workload.augment import augmented_stream
 from services.workload.generator import LOOKUP_TEMPLATES, MEDIUM_TEMPLATES
 from services.workload.phrasings import (
     CONTEXTS,
@@ -27,6 +19,14 @@ from services.workload.phrasings import (
 )
 from services.workload.scoring import score
 from services.workload.store import FALLBACK_ANSWER, POLICIES
+from services.workload.train_wordings import (
+    TRAIN_CONTEXTS,
+    TRAIN_GREETINGS,
+    TRAIN_LOOKUP_TEMPLATES,
+    TRAIN_MEDIUM_TEMPLATES,
+    TRAIN_POLICY_QUESTIONS,
+    TRAIN_UNKNOWN_QUESTIONS,
+)
 
 N = 6000  # augmented items drawn per class
 
