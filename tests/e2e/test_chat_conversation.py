@@ -15,6 +15,7 @@ import shutil
 import signal
 import struct
 import termios
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,19 @@ from tests.e2e.run_process import ROOT, TIERMESH
 from tests.integration.mesh import Mesh, start_mesh
 
 READ_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(autouse=True)
+def interruptible_children() -> Iterator[None]:
+    """Children start with SIGINT's default action, as under a person's shell. Started from a
+    shell without job control (a background job), this process ignores SIGINT and its children
+    would inherit that: Ctrl-C would not reach `tiermesh chat` at all. A handler caught here is
+    reset to the default by exec."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 class ChatProcess:
@@ -169,6 +183,8 @@ async def test_sigint_during_an_answer_cancels_it_and_the_session_goes_on() -> N
             pass
         chat.process.send_signal(signal.SIGINT)
         cancelled = await chat.event()
+        while cancelled["type"] == "delta":  # written before the signal arrived
+            cancelled = await chat.event()
         assert (cancelled["type"], cancelled["code"], cancelled["turn"]) == (
             "error",
             "CANCELLED",
