@@ -7,6 +7,7 @@ import re
 from itertools import islice
 
 from services.workload import STORE, held_out_prompts, load_split
+from services.workload import train_wordings as train
 from services.workload.augment import augmented_stream
 from services.workload.generator import LOOKUP_TEMPLATES, MEDIUM_TEMPLATES
 from services.workload.phrasings import (
@@ -19,14 +20,6 @@ from services.workload.phrasings import (
 )
 from services.workload.scoring import score
 from services.workload.store import FALLBACK_ANSWER, POLICIES
-from services.workload.train_wordings import (
-    TRAIN_CONTEXTS,
-    TRAIN_GREETINGS,
-    TRAIN_LOOKUP_TEMPLATES,
-    TRAIN_MEDIUM_TEMPLATES,
-    TRAIN_POLICY_QUESTIONS,
-    TRAIN_UNKNOWN_QUESTIONS,
-)
 
 N = 6000  # augmented items drawn per class
 
@@ -51,16 +44,16 @@ def test_training_wordings_are_disjoint_from_held_out_and_seen_ones() -> None:
     )
     seen = _keys(LOOKUP_TEMPLATES, MEDIUM_TEMPLATES, *(p.questions for p in POLICIES))
     training = _keys(
-        TRAIN_LOOKUP_TEMPLATES,
-        TRAIN_MEDIUM_TEMPLATES,
-        TRAIN_UNKNOWN_QUESTIONS,
-        TRAIN_GREETINGS,
-        TRAIN_CONTEXTS,
-        *TRAIN_POLICY_QUESTIONS.values(),
+        train.TRAIN_LOOKUP_TEMPLATES,
+        train.TRAIN_MEDIUM_TEMPLATES,
+        train.TRAIN_UNKNOWN_QUESTIONS,
+        train.TRAIN_GREETINGS,
+        train.TRAIN_CONTEXTS,
+        *train.TRAIN_POLICY_QUESTIONS.values(),
     )
     assert not training & held_out
     assert not training & seen
-    assert set(TRAIN_POLICY_QUESTIONS) == {p.topic for p in POLICIES}
+    assert set(train.TRAIN_POLICY_QUESTIONS) == {p.topic for p in POLICIES}
 
 
 def test_no_augmented_prompt_is_a_dev_or_test_prompt() -> None:
