@@ -1,12 +1,20 @@
 """Where a failed tier call goes on (services/router/failover_target.py): a table of failures,
 the calls a chat has made, its fallbacks, the tiers' replicas and their room, against the next
-tier and how reasons name it."""
+tier and how reasons name it; where a prompt too long for a tier goes, and the failure a chat
+ends with when no tier could hold it."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.router.failover_target import NextCall, failover_target, untried, who
+from services.router.failover_target import (
+    NextCall,
+    failover_target,
+    longer_context_tier,
+    untried,
+    who,
+    widest_refusal,
+)
 from services.router.session_calls import CallState, TierError
 
 UNAVAILABLE = TierError("UNAVAILABLE", "connection refused")
@@ -102,3 +110,45 @@ def test_replicas_tried_and_named() -> None:
     assert not untried("small", chat, {"small": 2}) and untried("small", chat, {"small": 3})
     assert untried("large", chat, {})
     assert who(chat[1], {"small": 2}) == "small (small-1)" and who(chat[1], {}) == "small"
+
+
+# (calls made, fallbacks, pinned, next tier)
+LONGER_CONTEXT = [
+    (("small",), ("medium", "large"), False, "medium"),
+    (("small", "medium"), ("medium", "large"), False, "large"),
+    (("large", "small"), ("small", "medium"), False, "medium"),  # a tier called is not again
+    (("small", "medium", "large"), ("medium", "large"), False, None),
+    (("small",), (), False, None),
+    (("small",), ("medium", "large"), True, None),  # a pinned chat stays on its tier
+]
+
+
+@pytest.mark.parametrize(("made", "fallbacks", "pinned", "to"), LONGER_CONTEXT)
+def test_where_a_prompt_too_long_goes(
+    made: tuple[str, ...], fallbacks: tuple[str, ...], pinned: bool, to: str | None
+) -> None:
+    assert longer_context_tier(calls(*made), fallbacks, pinned) == to
+
+
+def too_long(prompt: int, limit: int) -> TierError:
+    metadata = {"prompt_tokens": str(prompt), "limit_tokens": str(limit)}
+    details = f"prompt: {prompt} tokens exceeds the context ({limit} tokens)"
+    return TierError("INVALID_ARGUMENT", details, reason="PROMPT_TOO_LONG", metadata=metadata)
+
+
+def test_a_prompt_no_tier_holds_fails_with_the_widest_context() -> None:
+    chat = calls("small", "large", "medium")
+    refusals = [too_long(900, 256), too_long(900, 512), too_long(900, 384)]
+    for call, refusal in zip(chat, refusals, strict=True):
+        call.error = refusal
+    tier, error = widest_refusal(refusals, chat)
+    assert tier == "large"
+    assert error.details == (
+        "prompt: 900 tokens exceeds the largest context of the tiers that could take it "
+        "(512 tokens)"
+    )
+    assert (error.code, error.reason, error.metadata) == (
+        "INVALID_ARGUMENT",
+        "PROMPT_TOO_LONG",
+        refusals[1].metadata,
+    )
