@@ -24,6 +24,7 @@ from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 from services.cli.client_flags import add_client_security_flags
 from services.cli.top_command import ROUTER_CONFIG, router_replicas
 from services.common.errors import TiermeshError
+from services.common.serving import open_channel
 from services.common.tiers import TIER_NAMES
 
 RECORD_FIELDS = (
@@ -84,13 +85,8 @@ def swap_replica(
 ) -> dict[str, Any]:
     """Swaps one replica's model; its row, with "error" set when the swap failed."""
     metadata = [("authorization", f"Bearer {api_key}")] if api_key else None
-    channel = (
-        grpc.insecure_channel(address)
-        if credentials is None
-        else grpc.secure_channel(address, credentials)
-    )
     last: tier_pb2.ModelSwap | None = None
-    with channel:
+    with open_channel(address, credentials) as channel:
         stub = tier_pb2_grpc.TierAdminServiceStub(channel)
         request = tier_pb2.SwapModelRequest(model_path=model_path, drain_timeout_s=drain_timeout_s)
         try:

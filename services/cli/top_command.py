@@ -28,6 +28,7 @@ from services.common import env
 from services.common.config import RouterConfig
 from services.common.config_loading import load_config
 from services.common.errors import TiermeshError
+from services.common.serving import open_channel
 from services.common.tiers import TIER_NAMES
 from services.launcher.run_addresses import read_run_addresses
 from services.terminal.top_view import Snapshot, print_json_snapshot, show_top
@@ -52,9 +53,7 @@ class TopTargets:
         self._metadata = [("authorization", f"Bearer {api_key}")] if api_key else []
 
     def _channel(self, address: str) -> grpc.Channel:
-        if self._credentials is None:
-            return grpc.insecure_channel(address)
-        return grpc.secure_channel(address, self._credentials)
+        return open_channel(address, self._credentials)
 
     def snapshot(self) -> Snapshot:
         """One reading of every replica (and the router's health), as the README's JSON shape."""

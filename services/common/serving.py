@@ -1,5 +1,6 @@
 """Whether a gRPC server's health service says SERVING: asked once (`health_status`,
-`is_serving`), or polled until it does (`wait_serving`, and `wait_serving_async` for an event
+`is_serving`, over `open_channel`, the blocking channel the launcher and CLI use), or polled
+until it does (`wait_serving`, and `wait_serving_async` for an event
 loop), with a deadline and an error that names the target and what it last answered. Knows the
 standard grpc.health.v1 protocol only; nothing of what the server serves or how it was started
 (a caller that started it hands in how to tell that it exited).
@@ -37,6 +38,13 @@ class NotServingError(Exception):
         self.exit_code = exit_code
 
 
+def open_channel(target: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.Channel:
+    """A blocking channel to `target`: mTLS with `credentials`, else plaintext."""
+    if credentials is None:
+        return grpc.insecure_channel(target)
+    return grpc.secure_channel(target, credentials)
+
+
 def health_status(
     target: str,
     credentials: grpc.ChannelCredentials | None = None,
@@ -47,11 +55,7 @@ def health_status(
     server): SERVING, NOT_SERVING, ... or, when the call fails, its code and details
     ("UNAVAILABLE: failed to connect ..."). A fresh channel each time, so a server that just
     came up is seen at once (a kept channel would wait out its reconnect backoff)."""
-    if credentials is None:
-        channel = grpc.insecure_channel(target)
-    else:
-        channel = grpc.secure_channel(target, credentials)
-    with channel:
+    with open_channel(target, credentials) as channel:
         try:
             response = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout_s

@@ -16,7 +16,7 @@ import grpc
 from rich.console import Console
 
 from services.common.child_process import Child
-from services.common.serving import is_serving
+from services.common.serving import is_serving, open_channel
 
 if TYPE_CHECKING:
     from tiermesh.v1 import tier_pb2
@@ -56,12 +56,6 @@ def wait_healthy(
     return True
 
 
-def _channel(address: str, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
-    if credentials is None:
-        return grpc.insecure_channel(address)
-    return grpc.secure_channel(address, credentials)
-
-
 def is_healthy(child: Child, credentials: grpc.ChannelCredentials | None = None) -> bool:
     """The child's own health check: HTTP for the gateway, gRPC health for the rest."""
     if child.health_url:
@@ -85,7 +79,7 @@ def tier_status(
     from tiermesh.v1 import tier_pb2, tier_pb2_grpc
 
     try:
-        with _channel(address, credentials) as channel:
+        with open_channel(address, credentials) as channel:
             status: tier_pb2.TierStatus = tier_pb2_grpc.TierServiceStub(channel).GetStatus(
                 tier_pb2.GetStatusRequest(), timeout=2
             )

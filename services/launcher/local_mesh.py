@@ -18,7 +18,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import grpc
 from rich.console import Console
@@ -45,9 +44,6 @@ from services.launcher.start_report import demo_chat, print_start_report
 from services.launcher.supervisor import Supervisor, stop_in_order
 from services.launcher.vllm_tiers import vllm_tier_command
 from services.security.tls import channel_credentials
-
-if TYPE_CHECKING:
-    pass
 
 # `--base-port B` layout: router B, tiers B+10..12, metrics B+20..23, control plane B+30,
 # HTTP gateway B+40 (else --http-port, default 8080).

@@ -5,6 +5,7 @@ again."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -55,11 +56,8 @@ def thread_nice_levels(pid: int) -> list[int]:
     thread that ends while they are read is left out."""
     levels = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-        except FileNotFoundError:
-            continue
-        levels.append(int(stat.rsplit(")", 1)[1].split()[16]))  # field 19: nice
+        with contextlib.suppress(ProcessLookupError):
+            levels.append(os.getpriority(os.PRIO_PROCESS, int(task.name)))
     return sorted(levels)
 
 
